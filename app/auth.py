@@ -1,0 +1,146 @@
+"""API keys: named keys stored as SHA-256 hashes, checked in constant time."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.errors import AuthenticationFailed
+
+KEY_PREFIX = "sk-ocrvl-"
+RELOAD_EVERY = 1.0  # seconds between checks of the keys file for changes
+
+
+class KeyFileError(Exception):
+    """The keys file cannot be read or written as asked."""
+
+
+def digest(key: str) -> bytes:
+    """SHA-256 of a key: the only form in which keys are kept."""
+    return hashlib.sha256(key.encode()).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class NamedDigest:
+    """A key's name and hash."""
+
+    name: str
+    sha256: bytes
+
+
+class KeyFile:
+    """The JSON file of named key hashes that `ocrvl keys create` writes."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+
+    def read(self) -> list[NamedDigest]:
+        """The named hashes in the file; an absent file holds none."""
+        try:
+            raw = json.loads(self.path.read_text())
+            return [NamedDigest(k["name"], bytes.fromhex(k["sha256"])) for k in raw["keys"]]
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise KeyFileError(
+                f"{self.path} is not a keys file written by `ocrvl keys create` ({exc})"
+            ) from exc
+
+    def create(self, name: str) -> str:
+        """Add a new random key named `name`; return the key, which is stored only hashed."""
+        if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise KeyFileError(f"key names are letters, digits, '-', '_' and '.'; got {name!r}")
+        entries = self.read()
+        if any(entry.name == name for entry in entries):
+            raise KeyFileError(f"a key named {name!r} exists already in {self.path}")
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        stored = [{"name": e.name, "sha256": e.sha256.hex()} for e in entries]
+        stored.append({"name": name, "sha256": digest(key).hex(), "created": _now()})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump({"keys": stored}, out, indent=2)
+        tmp.replace(self.path)  # atomic: a gateway reading the file never sees half of it
+        return key
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+class Keyring:
+    """The keys the gateway accepts: plain keys from the environment and a keys file."""
+
+    def __init__(self, plain_keys: list[str], key_file: Path | None) -> None:
+        self._plain = [NamedDigest(f"env#{i}", digest(k)) for i, k in enumerate(plain_keys, 1)]
+        self._file = KeyFile(key_file) if key_file is not None else None
+        self._file_keys: list[NamedDigest] = []
+        self._file_mtime: float | None = None
+        self._checked_at = 0.0
+        self._reload()
+
+    def _reload(self) -> None:
+        if self._file is None:
+            return
+        try:
+            mtime = self._file.path.stat().st_mtime
+        except FileNotFoundError:
+            mtime = None
+        if mtime != self._file_mtime:
+            self._file_keys = self._file.read()
+            self._file_mtime = mtime
+
+    def name_of(self, key: str) -> str | None:
+        """The name of `key` if it is accepted, compared against every hash in constant time."""
+        now = time.monotonic()
+        if now - self._checked_at > RELOAD_EVERY:  # picks up `ocrvl keys create` without restart
+            self._checked_at = now
+            self._reload()
+        presented = digest(key)
+        found = None
+        for entry in (*self._plain, *self._file_keys):
+            if hmac.compare_digest(presented, entry.sha256) and found is None:
+                found = entry.name
+        return found
+
+
+def presented_key(request: Request) -> str | None:
+    """The key from `Authorization: Bearer KEY` (the OpenAI SDK) or `x-api-key: KEY`."""
+    header = request.headers.get("authorization")
+    if header:
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    return request.headers.get("x-api-key") or None
+
+
+def authenticate(request: Request) -> str:
+    """Dependency: the caller's key name, or 401 in OpenAI's shape."""
+    keyring: Keyring | None = request.state.keyring
+    if keyring is None:  # OCRVL_AUTH=off
+        request.state.context.key_name = "anonymous"
+        return "anonymous"
+    key = presented_key(request)
+    if key is None:
+        raise AuthenticationFailed(
+            "missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`"
+        )
+    name = keyring.name_of(key)
+    if name is None:
+        raise AuthenticationFailed("invalid API key")
+    request.state.context.key_name = name
+    return name
+
+
+KeyName = Annotated[str, Depends(authenticate)]

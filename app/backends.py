@@ -1,0 +1,120 @@
+"""The vLLM backends: their health, the models they serve, and which one takes a request."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+log = logging.getLogger("ocrvl.backends")
+
+
+@dataclass(slots=True)
+class Backend:
+    """One vLLM OpenAI server, as the last probe saw it."""
+
+    url: str
+    healthy: bool = False
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)  # served id -> vLLM's entry
+    in_flight: int = 0
+    problem: str = "not probed yet"
+
+    def mark_down(self, problem: str) -> None:
+        """Take the backend out of rotation until a probe finds it well again."""
+        if self.healthy:
+            log.warning("backend %s is down: %s", self.url, problem)
+        self.healthy = False
+        self.problem = problem
+
+
+class BackendPool:
+    """All configured backends, probed in the background."""
+
+    def __init__(
+        self, urls: list[str], client: httpx.AsyncClient, headers: dict[str, str], timeout: float
+    ) -> None:
+        self.backends = [Backend(url) for url in urls]
+        self._client = client
+        self._headers = headers
+        self._timeout = timeout
+        self._turn = itertools.count()
+
+    async def probe(self, backend: Backend) -> None:
+        """Ask one backend for `/health` and `/v1/models`; both must answer for it to serve."""
+        try:
+            health = await self._client.get(f"{backend.url}/health", timeout=self._timeout)
+            if health.status_code != 200:
+                backend.mark_down(f"/health answered {health.status_code}")
+                return
+            listing = await self._client.get(
+                f"{backend.url}/v1/models", headers=self._headers, timeout=self._timeout
+            )
+        except httpx.HTTPError as exc:
+            backend.mark_down(describe(exc))
+            return
+        if listing.status_code != 200:
+            hint = " (check OCRVL_BACKEND_API_KEY)" if listing.status_code == 401 else ""
+            backend.mark_down(f"/v1/models answered {listing.status_code}{hint}")
+            return
+        try:
+            backend.models = {entry["id"]: entry for entry in listing.json()["data"]}
+        except (ValueError, KeyError, TypeError):
+            backend.mark_down("/v1/models did not answer an OpenAI model list")
+            return
+        if not backend.healthy:
+            log.info("backend %s is up, serving %s", backend.url, ", ".join(backend.models))
+        backend.healthy, backend.problem = True, ""
+
+    async def probe_all(self) -> None:
+        """Probe every backend once, concurrently."""
+        await asyncio.gather(*(self.probe(backend) for backend in self.backends))
+
+    async def watch(self, interval: float) -> None:
+        """Probe forever, every `interval` seconds (the lifespan runs this as a task)."""
+        while True:
+            await asyncio.sleep(interval)
+            await self.probe_all()
+
+    def healthy(self) -> list[Backend]:
+        """Backends that answered their last probe."""
+        return [backend for backend in self.backends if backend.healthy]
+
+    def served_models(self) -> dict[str, dict[str, Any]]:
+        """Every model id a healthy backend serves, in backend order, with vLLM's entry."""
+        served: dict[str, dict[str, Any]] = {}
+        for backend in self.healthy():
+            for model_id, entry in backend.models.items():
+                served.setdefault(model_id, entry)
+        return served
+
+    def candidates(self, model: str) -> list[Backend]:
+        """Healthy backends serving `model`, least busy first; ties rotate."""
+        serving = [b for b in self.healthy() if model in b.models]
+        if len(serving) > 1:
+            shift = next(self._turn) % len(serving)
+            serving = serving[shift:] + serving[:shift]
+            serving.sort(key=lambda backend: backend.in_flight)  # stable: keeps the rotation
+        return serving
+
+    def problems(self) -> str:
+        """Why the backends are not serving, for error messages and /ready."""
+        return "; ".join(f"{b.url}: {b.problem}" for b in self.backends if not b.healthy)
+
+
+def describe(exc: httpx.HTTPError) -> str:
+    """A short cause for a transport error, without secrets (httpx puts none in these)."""
+    kinds = {
+        httpx.ConnectTimeout: "connect timed out",
+        httpx.ConnectError: "connection refused or unreachable",
+        httpx.ReadTimeout: "read timed out",
+        httpx.RemoteProtocolError: "connection closed mid-answer",
+    }
+    for kind, text in kinds.items():
+        if isinstance(exc, kind):
+            detail = str(exc).strip()
+            return f"{text} ({detail})" if detail else text
+    return f"{type(exc).__name__}: {exc}"

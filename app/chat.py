@@ -1,0 +1,75 @@
+"""The chat completion request as the gateway sees it: checked, cleaned, ready to relay."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from app.errors import InvalidRequest
+
+# Fields that let a client steer the server rather than the generation (vLLM's advisories on
+# chat-template injection and media fetching). Everything else passes through untouched,
+# notably what PaddleOCR's client sends: mm_processor_kwargs, skip_special_tokens, ...
+STRIPPED = ("chat_template", "chat_template_kwargs", "media_io_kwargs")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """A parsed chat completion body."""
+
+    payload: dict[str, Any]
+    raw: bytes
+    model: str
+    stream: bool
+
+    def for_backend(self, served_model: str) -> bytes:
+        """The body to send upstream: the served model name, steering fields removed."""
+        needs_rewrite = served_model != self.model or any(k in self.payload for k in STRIPPED)
+        if not needs_rewrite:
+            return self.raw  # the common case costs no re-encoding
+        cleaned = {k: v for k, v in self.payload.items() if k not in STRIPPED}
+        cleaned["model"] = served_model
+        return orjson.dumps(cleaned)
+
+
+def parse(raw: bytes) -> ChatRequest:
+    """Check that `raw` is a chat completion request; 400 naming the field otherwise."""
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise InvalidRequest(
+            f"the request body must be a JSON object; got a JSON {type(payload).__name__}"
+        )
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("`model` is required and must be a non-empty string", param="model")
+    _check_messages(payload.get("messages"))
+    stream = payload.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise InvalidRequest("`stream` must be true or false", param="stream")
+    return ChatRequest(payload=payload, raw=raw, model=model, stream=stream)
+
+
+def _check_messages(messages: object) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest(
+            "`messages` is required: a non-empty list of {role, content} objects",
+            param="messages",
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRequest(
+                f"messages[{i}] must be an object with `role` and `content`",
+                param=f"messages[{i}]",
+            )
+        if not isinstance(message.get("role"), str):
+            raise InvalidRequest(
+                f"messages[{i}].role is required and must be a string such as 'user'",
+                param=f"messages[{i}].role",
+            )

@@ -1,0 +1,164 @@
+"""The gateway's one exception tree, and the handlers that turn it into OpenAI error bodies.
+
+    GatewayError                     any error the gateway answers itself
+    ├── InvalidRequest       400     malformed JSON, not a chat request (names `param`)
+    ├── AuthenticationFailed 401     missing or unknown API key
+    ├── ModelNotFound        404     model neither served nor an alias
+    ├── PayloadTooLarge      413     body over OCRVL_MAX_BODY_BYTES
+    ├── ClientClosed         499     the client left first (logged; nobody reads the body)
+    └── UpstreamError                the backend could not give an answer
+        ├── BackendUnavailable   502/503  refused, reset, or no healthy backend
+        ├── BackendTimeout       504      OCRVL_REQUEST_TIMEOUT ran out
+        └── BackendRejected      4xx/5xx  the backend's own error, passed on
+
+Every body has OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, so the OpenAI
+SDK raises its matching exception (`AuthenticationError`, `NotFoundError`, …).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class GatewayError(Exception):
+    """An error the gateway answers in OpenAI's shape."""
+
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error body for this error."""
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+class InvalidRequest(GatewayError):
+    """The request body is not a chat completion request the gateway can relay."""
+
+    status = 400
+    type = "invalid_request_error"
+
+
+class AuthenticationFailed(GatewayError):
+    """No API key, or one the gateway does not know."""
+
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class ModelNotFound(GatewayError):
+    """The requested model is neither served by a backend nor a known alias."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    """The body exceeds OCRVL_MAX_BODY_BYTES."""
+
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class ClientClosed(GatewayError):
+    """The client disconnected before its answer was ready; the upstream request was closed."""
+
+    status = 499
+    type = "client_closed"
+
+
+class UpstreamError(GatewayError):
+    """The backend could not produce an answer."""
+
+    status = 502
+    type = "server_error"
+
+
+class BackendUnavailable(UpstreamError):
+    """No backend could be reached (refused, reset, DNS) or none is healthy."""
+
+    code = "backend_unavailable"
+
+    def __init__(self, message: str, *, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class BackendTimeout(UpstreamError):
+    """The request ran past OCRVL_REQUEST_TIMEOUT."""
+
+    status = 504
+    code = "timeout"
+
+
+class BackendRejected(UpstreamError):
+    """The backend answered with an error status; its message is passed on."""
+
+    def __init__(
+        self, status: int, message: str, *, type_: str, param: str | None, code: str | None
+    ) -> None:
+        super().__init__(message, param=param, code=code)
+        self.status = status
+        self.type = type_
+
+
+def error_body(
+    message: str, type_: str, param: str | None = None, code: str | int | None = None
+) -> dict[str, Any]:
+    """OpenAI's error body."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(error: GatewayError) -> Response:
+    """The JSON response for `error`."""
+    return Response(
+        orjson.dumps(error.body()), status_code=error.status, media_type="application/json"
+    )
+
+
+async def _gateway_error(_: Request, exc: Exception) -> Response:
+    return error_response(cast(GatewayError, exc))
+
+
+async def _http_error(_: Request, error: Exception) -> Response:
+    exc = cast(StarletteHTTPException, error)
+    type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    code = "not_found" if exc.status_code == 404 else None
+    body = error_body(str(exc.detail), type_, None, code)
+    return Response(
+        orjson.dumps(body),
+        status_code=exc.status_code,
+        media_type="application/json",
+        headers=exc.headers,
+    )
+
+
+async def _validation_error(_: Request, error: Exception) -> Response:
+    exc = cast(RequestValidationError, error)
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    param = ".".join(str(part) for part in first["loc"][1:]) or None
+    error = InvalidRequest(f"{param or 'request'}: {first['msg']}", param=param)
+    return error_response(error)
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Register the handlers that give every error OpenAI's body shape (each gets its type)."""
+    app.add_exception_handler(GatewayError, _gateway_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)

@@ -1,0 +1,96 @@
+"""The ASGI app: `create_app(settings)` wires routes, errors and a lifespan that owns all state."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+from fastapi import FastAPI
+
+from app import __version__, logs
+from app.auth import Keyring
+from app.backends import BackendPool
+from app.context import RequestContextMiddleware
+from app.errors import install_handlers
+from app.metrics import Metrics
+from app.proxy import Relay
+from app.routes import chat, health, models
+from app.settings import Settings
+from app.state import State
+
+log = logging.getLogger("ocrvl.main")
+
+
+def upstream_client(settings: Settings) -> httpx.AsyncClient:
+    """The one HTTP client to every backend, pooled and kept alive below vLLM's 5 s expiry."""
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(
+            connect=settings.connect_timeout,
+            read=None,  # the request deadline bounds reads; a page may take minutes
+            write=settings.request_timeout,
+            pool=settings.request_timeout,
+        ),
+        limits=httpx.Limits(
+            max_connections=settings.max_connections,
+            max_keepalive_connections=settings.max_connections,
+            keepalive_expiry=settings.keepalive_expiry,
+        ),
+        trust_env=False,  # a host's HTTP_PROXY must not capture backend traffic
+    )
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """Build the gateway for `settings`."""
+    logs.configure(settings.log_level)
+    metrics = Metrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[State]:
+        keyring = None
+        if settings.auth == "on":
+            keys = [key.get_secret_value() for key in settings.api_keys]
+            keyring = Keyring(keys, settings.api_keys_file)
+        else:
+            log.warning("OCRVL_AUTH=off: every request is served without an API key")
+        backend_key = (
+            settings.backend_api_key.get_secret_value() if settings.backend_api_key else None
+        )
+        auth_header = {"authorization": f"Bearer {backend_key}"} if backend_key else {}
+        async with upstream_client(settings) as client:
+            pool = BackendPool(
+                settings.backends, client, auth_header, timeout=settings.connect_timeout
+            )
+            await pool.probe_all()
+            if not pool.healthy():
+                log.warning("no backend is healthy yet: %s", pool.problems() or "none configured")
+            watcher = asyncio.create_task(pool.watch(settings.health_interval))
+            relay = Relay(client, pool, backend_key, settings.request_timeout)
+            try:
+                yield State(
+                    settings=settings,
+                    client=client,
+                    pool=pool,
+                    relay=relay,
+                    keyring=keyring,
+                    metrics=metrics,
+                )
+            finally:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+
+    app = FastAPI(
+        title="PaddleOCR-VL gateway",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    install_handlers(app)
+    for router in (chat.router, models.router, health.router):
+        app.include_router(router)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics)
+    return app

@@ -1,0 +1,304 @@
+"""The relay: one chat request to one backend, with failover, deadlines and cancellation.
+
+Nothing the client does is left running upstream: when the client disconnects or the deadline
+passes, the upstream request is closed, which makes vLLM abort the generation and free the GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import httpx
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from app.backends import Backend, BackendPool, describe
+from app.chat import ChatRequest
+from app.context import CLIENT_CLOSED, RequestContext
+from app.errors import (
+    BackendRejected,
+    BackendTimeout,
+    BackendUnavailable,
+    ClientClosed,
+    GatewayError,
+    UpstreamError,
+)
+
+T = TypeVar("T")
+ERROR_BODY_LIMIT = 64 * 1024  # enough for any vLLM error; a runaway body is cut
+
+
+class Relay:
+    """Sends chat requests to the backends and relays the answers."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        pool: BackendPool,
+        backend_key: str | None,
+        request_timeout: float,
+    ) -> None:
+        self._client = client
+        self._pool = pool
+        self._auth = {"authorization": f"Bearer {backend_key}"} if backend_key else {}
+        self._timeout = request_timeout
+
+    async def complete(
+        self, chat: ChatRequest, served: str, context: RequestContext, receive: Receive
+    ) -> Response:
+        """Relay `chat` and answer with the backend's response, streamed or whole."""
+        deadline = time.monotonic() + self._timeout - context.elapsed()
+        backend, upstream = await self._race(
+            self._open(chat, served, context), receive, deadline, context
+        )
+        if chat.stream:
+            return RelayStream(upstream, backend, context, deadline, self._timeout)
+        try:
+            body = await self._race(_read(upstream, context), receive, deadline, context)
+        finally:
+            await upstream.aclose()
+            backend.in_flight -= 1
+        media_type = upstream.headers.get("content-type", "application/json")
+        return Response(body, status_code=upstream.status_code, media_type=media_type)
+
+    async def _open(
+        self, chat: ChatRequest, served: str, context: RequestContext
+    ) -> tuple[Backend, httpx.Response]:
+        """Send to the least busy healthy backend; fail over only while nothing was sent."""
+        candidates = self._pool.candidates(served)
+        if not candidates:
+            raise BackendUnavailable(
+                f"no healthy backend serves {served!r}: {self._pool.problems() or 'none probed'}",
+                status=503,
+            )
+        body = chat.for_backend(served)
+        headers = {
+            "content-type": "application/json",
+            "accept": "text/event-stream" if chat.stream else "application/json",
+            "x-request-id": context.request_id,
+            **self._auth,
+        }
+        failures = []
+        for backend in candidates:
+            request = self._client.build_request(
+                "POST", f"{backend.url}/v1/chat/completions", content=body, headers=headers
+            )
+            context.backend = backend.url
+            started = time.perf_counter()
+            try:
+                upstream = await self._client.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                backend.mark_down(describe(exc))
+                failures.append(f"{backend.url}: {describe(exc)}")
+                context.upstream_error = "connect"
+                continue
+            except httpx.HTTPError as exc:
+                context.upstream_error = "transport"
+                raise BackendUnavailable(f"backend {backend.url} failed: {describe(exc)}") from exc
+            finally:
+                context.upstream_seconds += time.perf_counter() - started
+            backend.in_flight += 1
+            if upstream.status_code >= 400:
+                await self._reject(upstream, backend, context)
+            return backend, upstream
+        raise BackendUnavailable("could not connect to any backend: " + "; ".join(failures))
+
+    async def _reject(
+        self, upstream: httpx.Response, backend: Backend, context: RequestContext
+    ) -> None:
+        try:
+            raw = await _read(upstream, context, limit=ERROR_BODY_LIMIT)
+        finally:
+            await upstream.aclose()
+            backend.in_flight -= 1
+        context.upstream_error = f"status_{upstream.status_code // 100}xx"
+        raise backend_error(upstream.status_code, raw)
+
+    async def _race(
+        self, work: Awaitable[T], receive: Receive, deadline: float, context: RequestContext
+    ) -> T:
+        """Await `work` unless the client leaves or the deadline passes; then cancel it."""
+        task = asyncio.ensure_future(work)
+        watcher = asyncio.ensure_future(until_disconnected(receive))
+        try:
+            done, _ = await asyncio.wait(
+                {task, watcher},
+                timeout=max(deadline - time.monotonic(), 0),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            watcher.cancel()
+        if task in done:
+            return task.result()
+        await _cancel(task)
+        await _discard(task)
+        if watcher in done:
+            context.upstream_error = "client_disconnect"
+            raise ClientClosed("the client closed the connection; the upstream request was closed")
+        context.upstream_error = "timeout"
+        raise BackendTimeout(
+            f"no answer within {self._timeout:g} s (OCRVL_REQUEST_TIMEOUT); "
+            "the upstream request was closed"
+        )
+
+
+class RelayStream(Response):
+    """Passes the backend's SSE bytes to the client as they arrive, unparsed and unbuffered."""
+
+    def __init__(
+        self,
+        upstream: httpx.Response,
+        backend: Backend,
+        context: RequestContext,
+        deadline: float,
+        timeout: float,
+    ) -> None:
+        self.status_code = upstream.status_code
+        self.background = None
+        self.init_headers(
+            {
+                "content-type": upstream.headers.get("content-type", "text/event-stream"),
+                "cache-control": "no-cache",
+                "x-accel-buffering": "no",
+            }
+        )
+        self._upstream = upstream
+        self._backend = backend
+        self._context = context
+        self._deadline = deadline
+        self._timeout = timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pump = asyncio.ensure_future(self._pump(send))
+        watcher = asyncio.ensure_future(until_disconnected(receive))
+        try:
+            done, _ = await asyncio.wait(
+                {pump, watcher},
+                timeout=max(self._deadline - time.monotonic(), 0),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if pump in done:
+                error = pump.result()
+            elif watcher in done:
+                self._context.upstream_error = "client_disconnect"
+                self._context.status = CLIENT_CLOSED
+                return
+            else:
+                self._context.upstream_error = "timeout"
+                error = BackendTimeout(
+                    f"the stream ran past {self._timeout:g} s (OCRVL_REQUEST_TIMEOUT) and was "
+                    "cut; the upstream request was closed"
+                )
+            if error is not None:  # headers are out: the error can only be an SSE event
+                event = b"data: " + orjson.dumps(error.body()) + b"\n\n"
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
+            await _cancel(pump)
+            await self._upstream.aclose()
+            self._backend.in_flight -= 1
+
+    async def _pump(self, send: Send) -> GatewayError | None:
+        """Copy upstream chunks to the client; a broken upstream becomes the returned error."""
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        chunks = self._upstream.aiter_raw()
+        while True:
+            started = time.perf_counter()
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return None
+            except httpx.HTTPError as exc:
+                self._context.upstream_error = "stream_broken"
+                return UpstreamError(f"the backend's stream broke: {describe(exc)}")
+            finally:
+                self._context.upstream_seconds += time.perf_counter() - started
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+
+async def _read(
+    upstream: httpx.Response, context: RequestContext, limit: int | None = None
+) -> bytes:
+    started = time.perf_counter()
+    try:
+        chunks, size = [], 0
+        async for chunk in upstream.aiter_raw():
+            chunks.append(chunk)
+            size += len(chunk)
+            if limit is not None and size >= limit:
+                break
+        return b"".join(chunks)
+    except httpx.HTTPError as exc:
+        context.upstream_error = "transport"
+        raise BackendUnavailable(f"backend {context.backend} failed: {describe(exc)}") from exc
+    finally:
+        context.upstream_seconds += time.perf_counter() - started
+
+
+async def until_disconnected(receive: Receive) -> None:
+    """Return when the client disconnects (the request body has been read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _cancel(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+
+
+async def _discard(task: asyncio.Future[Any]) -> None:
+    """Close an upstream response that arrived just as its request was given up."""
+    if task.cancelled() or task.exception() is not None:
+        return
+    result = task.result()
+    if isinstance(result, tuple) and isinstance(result[1], httpx.Response):
+        backend, upstream = result
+        await upstream.aclose()
+        backend.in_flight -= 1
+
+
+def backend_error(status: int, raw: bytes) -> BackendRejected:
+    """The backend's error in OpenAI's shape, whichever of vLLM's shapes it came in."""
+    fallback_type = "invalid_request_error" if status < 500 else "server_error"
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = None
+    fields: dict[str, Any] = {}
+    if isinstance(body, dict):
+        # vLLM answers {"error": {...}}; older versions {"object": "error", "message": ...};
+        # its API-key middleware {"error": "Unauthorized"}
+        error = body.get("error")
+        fields = error if isinstance(error, dict) else body
+        if isinstance(error, str):
+            fields = {"message": error}
+    if status in (401, 403):  # the gateway's own key was refused: not the client's fault
+        return BackendRejected(
+            502,
+            f"the backend refused the gateway's credentials ({status}); "
+            "check OCRVL_BACKEND_API_KEY against vLLM's --api-key",
+            type_="server_error",
+            param=None,
+            code="backend_auth_failed",
+        )
+    message = fields.get("message")
+    if not isinstance(message, str) or not message:
+        text = raw.decode("utf-8", "replace").strip()[:500]
+        message = f"the backend answered {status}" + (f": {text}" if text else "")
+    code = fields.get("code")
+    return BackendRejected(
+        status,
+        message,
+        type_=str(fields.get("type") or fallback_type),
+        param=fields.get("param") if isinstance(fields.get("param"), str) else None,
+        code=str(code) if code is not None else None,
+    )

@@ -1,0 +1,34 @@
+"""Liveness, readiness and metrics: no key needed, never slowed by a backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.responses import Response
+
+from app.errors import BackendUnavailable
+from app.state import MetricsDep, Pool
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    """The gateway process is up; says nothing of the backends."""
+    return {"status": "ok"}
+
+
+@router.get("/ready")
+async def ready(pool: Pool) -> dict[str, Any]:
+    """200 while at least one backend answered its last health probe, else 503."""
+    healthy = pool.healthy()
+    if not healthy:
+        raise BackendUnavailable(f"no backend is healthy: {pool.problems()}", status=503)
+    return {"status": "ready", "backends": [backend.url for backend in healthy]}
+
+
+@router.get("/metrics")
+async def metrics(registry: MetricsDep) -> Response:
+    """Prometheus text exposition of the gateway's metrics."""
+    return Response(registry.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

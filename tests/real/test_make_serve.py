@@ -1,0 +1,95 @@
+"""`make serve MODEL=tiny` as README gives it: vLLM + gateway, the README snippet, Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT, VENV_BIN, _tail, engine_environment, wait_until_up
+from tests.support.servers import free_port
+
+pytestmark = pytest.mark.vllm
+RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
+
+
+def readme_snippet(name: str) -> str:
+    """The fenced code block that follows `<!-- snippet: NAME -->` in README.md."""
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(rf"<!-- snippet: {name} -->\n```\w*\n(.*?)```", readme, re.DOTALL)
+    assert match, f"README.md has no snippet {name!r}"
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def make_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int, Path]]:
+    """`make serve MODEL=tiny` on free ports, in its own process group as a terminal runs it."""
+    vllm_port, port = free_port(), free_port()
+    log = Path(tmp_path_factory.mktemp("make-serve")) / "make-serve.log"
+    env = {
+        **engine_environment(),
+        "OCRVL_API_KEYS": "sk-local",
+        "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
+    }
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["make", "serve", "MODEL=tiny", f"VLLM_PORT={vllm_port}", f"PORT={port}"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}/ready", process, log, 600)
+        yield vllm_port, port, log
+        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in the terminal
+        process.wait(timeout=60)
+        for url in (f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{vllm_port}/health"):
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(url, timeout=2)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def test_readme_snippet_returns_a_completion(make_serve: tuple[int, int, Path]) -> None:
+    """The OpenAI SDK snippet in README.md prints a completion through the gateway."""
+    _, port, log = make_serve
+    code = readme_snippet("sdk").replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+    result = subprocess.run(
+        [str(VENV_BIN / "python"), "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr + _tail(log)
+    assert result.stdout.strip()
+
+
+def test_a_client_that_gives_up_frees_the_engine(make_serve: tuple[int, int, Path]) -> None:
+    """A client timing out mid-generation leaves vLLM running nothing."""
+    vllm_port, port, _ = make_serve
+    body = {
+        "model": "PaddleOCR-VL",
+        "messages": [{"role": "user", "content": "OCR:"}],
+        "max_tokens": 4000,
+        "ignore_eos": True,
+    }
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json=body,
+            headers={"authorization": "Bearer sk-local"},
+            timeout=httpx.Timeout(5, read=1.5),
+        )
+    deadline = time.monotonic() + 1.0
+    while True:
+        metrics = httpx.get(f"http://127.0.0.1:{vllm_port}/metrics", timeout=5).text
+        counts = RUNNING.findall(metrics)
+        assert counts, "vLLM's /metrics has no vllm:num_requests_running"
+        if sum(float(v) for v in counts) == 0:
+            break
+        assert time.monotonic() < deadline, "vLLM kept running the abandoned request"
+        time.sleep(0.05)

@@ -1,0 +1,141 @@
+"""FakeVLLM: a stand-in vLLM server, only for faults a real engine cannot produce on demand.
+
+It speaks vLLM's OpenAI surface (`/health`, `/v1/models`, `/v1/chat/completions`) and records
+what it received and whether it saw the client (the gateway) disconnect. `mode` picks a fault:
+
+    ok            a chat completion at once (stream or not, as asked)
+    hang          never answers (until the caller disconnects)
+    slow_stream   streams a chunk every 50 ms, forever (until the caller disconnects)
+    broken_stream streams two chunks, then drops the connection
+    status        answers `status` with `error_body`
+    unhealthy     `/health` answers 503
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.types import Message, Receive, Scope, Send
+
+SERVED = "fake-paddleocr-vl"
+STREAM_CHUNKS = [
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":'
+    b'{"role":"assistant","content":""}}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":'
+    b'{"content":"Hello"}}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":'
+    b'{"content":" page"},"finish_reason":"stop"}]}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+
+def completion(model: str) -> dict[str, Any]:
+    """A non-streaming chat completion as vLLM shapes it."""
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello page"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},
+    }
+
+
+@dataclass
+class FakeVLLM:
+    """The fake's behaviour and what it observed (read from the test's thread)."""
+
+    mode: str = "ok"
+    url: str = ""  # set once it listens
+    status: int = 500
+    error_body: bytes = b'{"error":{"message":"boom","type":"InternalServerError","code":500}}'
+    served: str = SERVED
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    disconnected: threading.Event = field(default_factory=threading.Event)
+    chat_started: threading.Event = field(default_factory=threading.Event)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        path = scope["path"]
+        if path == "/health":
+            await _json(send, 503 if self.mode == "unhealthy" else 200, {})
+        elif path == "/v1/models":
+            await _json(send, 200, {"object": "list", "data": [_model(self.served)]})
+        elif path == "/v1/chat/completions":
+            await self._chat(scope, receive, send)
+        else:
+            await _json(send, 404, {"error": {"message": "not found"}})
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        payload = orjson.loads(body)
+        self.bodies.append(payload)
+        self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        self.chat_started.set()
+        if self.mode == "status":
+            await _raw(send, self.status, self.error_body)
+        elif self.mode == "hang":
+            await self._wait_for_disconnect(receive)
+        elif self.mode in ("slow_stream", "broken_stream") or payload.get("stream"):
+            await self._stream(receive, send)
+        else:
+            await _json(send, 200, completion(payload["model"]))
+
+    async def _stream(self, receive: Receive, send: Send) -> None:
+        headers = [(b"content-type", b"text/event-stream; charset=utf-8")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if self.mode == "ok":
+            for chunk in STREAM_CHUNKS:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        for i in range(2 if self.mode == "broken_stream" else 10**6):
+            chunk = STREAM_CHUNKS[1].replace(b"Hello", f"tok{i}".encode())
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            try:
+                message = await asyncio.wait_for(receive(), timeout=0.05)
+            except TimeoutError:
+                continue
+            if message["type"] == "http.disconnect":
+                self.disconnected.set()
+                return
+        raise ConnectionAbortedError("FakeVLLM drops the stream on purpose")
+
+    async def _wait_for_disconnect(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.disconnected.set()
+
+
+def _model(model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "owned_by": "vllm", "max_model_len": 4096}
+
+
+async def _json(send: Send, status: int, body: dict[str, Any]) -> None:
+    await _raw(send, status, orjson.dumps(body))
+
+
+async def _raw(send: Send, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json")]
+    start: Message = {"type": "http.response.start", "status": status, "headers": headers}
+    await send(start)
+    await send({"type": "http.response.body", "body": body})

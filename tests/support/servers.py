@@ -1,0 +1,93 @@
+"""Running ASGI apps for tests: in-process with their lifespan, or on a real loopback socket."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+@contextlib.asynccontextmanager
+async def lifespan_client(app: ASGIApp, **client_options: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client on `app` through ASGITransport, with the app's lifespan run around it.
+
+    ASGITransport runs no lifespan and passes no lifespan state, so this does what uvicorn does:
+    start the lifespan, then copy its state into every request's scope.
+    """
+    state: dict[str, Any] = {}
+    to_app: asyncio.Queue[Message] = asyncio.Queue()
+    from_app: asyncio.Queue[Message] = asyncio.Queue()
+
+    async def receive() -> Message:
+        return await to_app.get()
+
+    async def send(message: Message) -> None:
+        await from_app.put(message)
+
+    lifespan = asyncio.create_task(app({"type": "lifespan", "state": state}, receive, send))
+    await to_app.put({"type": "lifespan.startup"})
+    started = await from_app.get()
+    if started["type"] != "lifespan.startup.complete":
+        raise RuntimeError(f"lifespan failed to start: {started}")
+
+    async def with_state(scope: Scope, receive: Receive, send: Send) -> None:
+        await app({**scope, "state": dict(state)}, receive, send)
+
+    transport = httpx.ASGITransport(app=with_state)
+    try:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gateway", **client_options
+        ) as client:
+            yield client
+    finally:
+        await to_app.put({"type": "lifespan.shutdown"})
+        await from_app.get()
+        await lifespan
+
+
+class ThreadedServer:
+    """A uvicorn server for `app` on a loopback port, in a thread of its own."""
+
+    def __init__(self, app: ASGIApp, **config: Any) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        options = {"log_level": "warning", "lifespan": "on", **config}
+        self.server = uvicorn.Server(uvicorn.Config(app, **options))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
+
+    def __enter__(self) -> ThreadedServer:
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("the test server failed to start")
+            threading.Event().wait(0.01)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (for servers that cannot take a socket)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def refused_url() -> Iterator[str]:
+    """A loopback URL where nothing listens: connections are refused at once."""
+    yield f"http://127.0.0.1:{free_port()}"

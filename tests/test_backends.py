@@ -1,0 +1,69 @@
+"""Backend health: probes, readiness, liveness without backend calls, least-busy choice."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from app.backends import Backend, BackendPool
+from app.main import create_app
+from tests.conftest import settings_for
+from tests.support.fake_backend import SERVED, FakeVLLM
+from tests.support.servers import free_port, lifespan_client
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_health_needs_no_key_and_no_backend() -> None:
+    """/health answers 200 with no key even when no backend exists."""
+    app = create_app(settings_for(f"http://127.0.0.1:{free_port()}"))
+    async with lifespan_client(app) as client:
+        response = await client.get("/health")
+    assert (response.status_code, response.json()) == (200, {"status": "ok"})
+
+
+async def test_ready_follows_backend_health(fake: FakeVLLM) -> None:
+    """/ready is 200 while a backend answers /health, 503 (naming why) once none does."""
+    async with lifespan_client(create_app(settings_for(fake.url))) as client:
+        up = await client.get("/ready")
+        fake.mode = "unhealthy"
+        await asyncio.sleep(0.6)  # three probe intervals
+        down = await client.get("/ready")
+        fake.mode = "ok"
+        await asyncio.sleep(0.6)
+        again = await client.get("/ready")
+    assert up.status_code == 200
+    assert up.json()["backends"] == [fake.url]
+    assert down.status_code == 503
+    assert "/health answered 503" in down.json()["error"]["message"]
+    assert again.status_code == 200
+
+
+async def test_wrong_backend_key_shows_in_readiness(fake: FakeVLLM) -> None:
+    """A backend whose /v1/models refuses the gateway's key is not ready, with a hint."""
+
+    async def refuse(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        return httpx.Response(401, json={"error": "Unauthorized"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as client:
+        pool = BackendPool(["http://backend"], client, {}, timeout=1)
+        await pool.probe_all()
+    assert pool.healthy() == []
+    assert "check OCRVL_BACKEND_API_KEY" in pool.problems()
+
+
+async def test_least_busy_backend_takes_the_request() -> None:
+    """Among healthy backends serving the model, the one with fewest requests in flight wins."""
+    pool = BackendPool([], httpx.AsyncClient(), {}, timeout=1)
+    busy, idle, sick = (Backend(url) for url in ("http://busy", "http://idle", "http://sick"))
+    for backend, in_flight in ((busy, 3), (idle, 1), (sick, 0)):
+        backend.healthy, backend.in_flight = backend is not sick, in_flight
+        backend.models = {SERVED: {"id": SERVED}}
+    pool.backends = [busy, idle, sick]
+    for _ in range(3):
+        assert [b.url for b in pool.candidates(SERVED)] == ["http://idle", "http://busy"]
+    assert pool.candidates("other-model") == []

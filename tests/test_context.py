@@ -1,0 +1,69 @@
+"""Request ids, the JSON access line and the Prometheus metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+import pytest
+
+from app.logs import JSONFormatter
+from tests.support.fake_backend import SERVED, FakeVLLM
+
+pytestmark = pytest.mark.anyio
+BODY = {"model": "PaddleOCR-VL", "messages": [{"role": "user", "content": "OCR:"}]}
+
+
+async def test_every_response_carries_a_fresh_request_id(
+    gateway_client: httpx.AsyncClient, fake: FakeVLLM
+) -> None:
+    """Each response, errors included, has its own gateway-made X-Request-ID."""
+    ok = await gateway_client.post("/v1/chat/completions", json=BODY)
+    bad = await gateway_client.post("/v1/chat/completions", content=b"{")
+    health = await gateway_client.get("/health")
+    ids = [r.headers["x-request-id"] for r in (ok, bad, health)]
+    assert len(set(ids)) == 3
+    assert all(len(i) == 32 for i in ids)
+
+
+async def test_client_request_id_is_logged_not_forwarded(
+    gateway_client: httpx.AsyncClient, fake: FakeVLLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client's X-Request-ID is logged beside the gateway's; vLLM gets the gateway's."""
+    logging.getLogger("ocrvl").propagate = True
+    with caplog.at_level(logging.INFO, logger="ocrvl.access"):
+        response = await gateway_client.post(
+            "/v1/chat/completions", json=BODY, headers={"x-request-id": "client-abc"}
+        )
+    ours = response.headers["x-request-id"]
+    assert ours != "client-abc"
+    assert fake.headers[-1]["x-request-id"] == ours
+    line = json.loads(JSONFormatter().format(caplog.records[-1]))
+    assert line["request_id"] == ours
+    assert line["client_request_id"] == "client-abc"
+    assert line["key"] == "env#1"
+    assert line["model"] == "PaddleOCR-VL"
+    assert line["backend"] == fake.url
+    assert line["status"] == 200
+    assert line["latency_ms"] >= line["overhead_ms"] >= 0
+
+
+async def test_metrics_count_requests_latency_overhead_and_upstream_errors(
+    gateway_client: httpx.AsyncClient, fake: FakeVLLM
+) -> None:
+    """/metrics (no key) has requests by route and status, histograms, in-flight, error kinds."""
+    await gateway_client.post("/v1/chat/completions", json=BODY)
+    fake.mode, fake.status = "status", 500
+    await gateway_client.post("/v1/chat/completions", json=BODY)
+    await gateway_client.get("/nowhere/1")
+    await gateway_client.get("/nowhere/2")
+    text = (await gateway_client.get("/metrics", headers={"authorization": ""})).text
+    assert 'ocrvl_requests_total{route="/v1/chat/completions",status="200"} 1.0' in text
+    assert 'ocrvl_requests_total{route="/v1/chat/completions",status="500"} 1.0' in text
+    assert 'ocrvl_requests_total{route="unmatched",status="404"} 2.0' in text
+    assert 'ocrvl_request_duration_seconds_count{route="/v1/chat/completions"} 2.0' in text
+    assert 'ocrvl_gateway_overhead_seconds_count{route="/v1/chat/completions"} 2.0' in text
+    assert 'ocrvl_upstream_errors_total{kind="status_5xx"} 1.0' in text
+    assert "ocrvl_requests_in_flight 0.0" in text
+    assert SERVED not in text  # no model or key labels: bounded cardinality

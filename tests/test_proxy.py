@@ -1,0 +1,220 @@
+"""The relay against FakeVLLM: pass-through, backend errors, timeouts, failover, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import orjson
+import pytest
+
+from app.main import create_app
+from tests.conftest import BACKEND_KEY, CLIENT_KEY, settings_for
+from tests.support.fake_backend import SERVED, STREAM_CHUNKS, FakeVLLM, completion
+from tests.support.servers import ThreadedServer, free_port, lifespan_client
+
+pytestmark = pytest.mark.anyio
+BODY = {"model": SERVED, "messages": [{"role": "user", "content": "OCR:"}]}
+AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+
+
+async def test_non_streaming_answer_is_the_backends_json(
+    gateway_client: httpx.AsyncClient, fake: FakeVLLM
+) -> None:
+    """A non-streaming answer is vLLM's JSON, byte for byte."""
+    response = await gateway_client.post("/v1/chat/completions", json=BODY)
+    assert response.status_code == 200
+    assert response.content == orjson.dumps(completion(SERVED))
+
+
+async def test_streaming_passes_sse_bytes_through_unbuffered(
+    gateway_client: httpx.AsyncClient, fake: FakeVLLM
+) -> None:
+    """A stream arrives as the backend's exact SSE bytes, marked for proxies not to buffer."""
+    async with gateway_client.stream(
+        "POST", "/v1/chat/completions", json={**BODY, "stream": True}
+    ) as response:
+        received = b"".join([chunk async for chunk in response.aiter_raw()])
+    assert response.status_code == 200
+    assert response.headers["x-accel-buffering"] == "no"
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert received == b"".join(STREAM_CHUNKS)
+
+
+async def test_bare_chat_completions_path_is_an_alias(
+    gateway_client: httpx.AsyncClient, fake: FakeVLLM
+) -> None:
+    """`POST /chat/completions` (seed recipes, hey) relays like the /v1 path."""
+    response = await gateway_client.post("/chat/completions", json=BODY)
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == "Hello page"
+
+
+async def test_backend_gets_its_own_key_never_the_clients(
+    gateway_client: httpx.AsyncClient, fake: FakeVLLM
+) -> None:
+    """Upstream sees OCRVL_BACKEND_API_KEY; the client's key is not forwarded."""
+    await gateway_client.post("/v1/chat/completions", json=BODY)
+    upstream_headers = fake.headers[-1]
+    assert upstream_headers["authorization"] == f"Bearer {BACKEND_KEY}"
+    assert CLIENT_KEY not in str(upstream_headers)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (
+            400,
+            b'{"error":{"message":"max_tokens is too large","type":"BadRequestError",'
+            b'"param":"max_tokens","code":400}}',
+            {"message": "max_tokens is too large", "type": "BadRequestError",
+             "param": "max_tokens", "code": "400"},
+        ),
+        (
+            400,
+            b'{"object":"error","message":"old shape","type":"BadRequestError","param":null,'
+            b'"code":400}',
+            {"message": "old shape", "type": "BadRequestError", "param": None, "code": "400"},
+        ),
+        (
+            500,
+            b"Internal Server Error",
+            {"message": "the backend answered 500: Internal Server Error", "type": "server_error",
+             "param": None, "code": None},
+        ),
+        (
+            503,
+            b"",
+            {"message": "the backend answered 503", "type": "server_error", "param": None,
+             "code": None},
+        ),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("stream", [False, True])
+async def test_backend_errors_pass_on_in_openai_shape(
+    gateway_client: httpx.AsyncClient,
+    fake: FakeVLLM,
+    status: int,
+    body: bytes,
+    expected: dict[str, object],
+    stream: bool,
+) -> None:
+    """A backend 4xx/5xx keeps its status and message, in OpenAI's error shape."""
+    fake.mode, fake.status, fake.error_body = "status", status, body
+    response = await gateway_client.post("/v1/chat/completions", json={**BODY, "stream": stream})
+    assert response.status_code == status
+    assert response.json() == {"error": expected}
+
+
+async def test_hung_backend_times_out_with_504_and_upstream_closed(fake: FakeVLLM) -> None:
+    """A backend that never answers: 504 at OCRVL_REQUEST_TIMEOUT, and the upstream is closed."""
+    fake.mode = "hang"
+    app = create_app(settings_for(fake.url, request_timeout=0.5))
+    async with lifespan_client(app, headers=AUTH) as client:
+        started = asyncio.get_running_loop().time()
+        response = await client.post("/v1/chat/completions", json=BODY)
+        elapsed = asyncio.get_running_loop().time() - started
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "timeout"
+    assert "OCRVL_REQUEST_TIMEOUT" in response.json()["error"]["message"]
+    assert elapsed < 3
+    assert await asyncio.to_thread(fake.disconnected.wait, 2), "upstream request left open"
+
+
+async def test_endless_stream_is_cut_at_the_deadline_with_an_error_event(fake: FakeVLLM) -> None:
+    """A stream past OCRVL_REQUEST_TIMEOUT ends with an SSE error event; upstream is closed."""
+    fake.mode = "slow_stream"
+    app = create_app(settings_for(fake.url, request_timeout=0.6))
+    async with lifespan_client(app, headers=AUTH) as client:
+        response = await client.post("/v1/chat/completions", json={**BODY, "stream": True})
+    events = [line for line in response.text.split("\n\n") if line]
+    assert response.status_code == 200
+    assert len(events) > 2, "the stream should have flowed until the deadline"
+    last = orjson.loads(events[-1].removeprefix("data: "))
+    assert last["error"]["code"] == "timeout"
+    assert await asyncio.to_thread(fake.disconnected.wait, 2), "upstream stream left open"
+
+
+async def test_stream_broken_by_the_backend_ends_with_an_error_event(
+    gateway_client: httpx.AsyncClient, fake: FakeVLLM
+) -> None:
+    """A backend dying mid-stream: the chunks so far, then an error event, then the end."""
+    fake.mode = "broken_stream"
+    response = await gateway_client.post("/v1/chat/completions", json={**BODY, "stream": True})
+    events = [line for line in response.text.split("\n\n") if line]
+    assert events[0].startswith('data: {"id":"c1"')
+    last = orjson.loads(events[-1].removeprefix("data: "))
+    assert "stream broke" in last["error"]["message"]
+
+
+async def test_refused_backend_is_a_502_naming_the_cause() -> None:
+    """Nothing listening upstream: 502 (reached) or 503 (known down), the cause named."""
+    url = f"http://127.0.0.1:{free_port()}"
+    app = create_app(settings_for(url))
+    async with lifespan_client(app, headers=AUTH) as client:
+        response = await client.post("/v1/chat/completions", json={**BODY, "model": "PaddleOCR-VL"})
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert "connection refused" in error["message"]
+    assert url in error["message"]
+
+
+async def test_backend_dying_between_probes_gives_502_naming_it() -> None:
+    """A backend healthy at its last probe that stops listening: 502 naming the cause."""
+    server = ThreadedServer(FakeVLLM()).__enter__()
+    app = create_app(settings_for(server.url, health_interval=3600))
+    async with lifespan_client(app, headers=AUTH) as client:
+        await asyncio.to_thread(server.__exit__)
+        response = await client.post("/v1/chat/completions", json=BODY)
+    assert response.status_code == 502
+    message = response.json()["error"]["message"]
+    assert "could not connect to any backend" in message
+    assert server.url in message
+
+
+async def test_fails_over_to_the_next_backend_before_anything_was_sent(fake: FakeVLLM) -> None:
+    """A refused connection to one backend moves the request to another; the client sees 200."""
+    dying = ThreadedServer(FakeVLLM()).__enter__()
+    app = create_app(settings_for(dying.url, fake.url, health_interval=3600))
+    async with lifespan_client(app, headers=AUTH) as client:
+        await asyncio.to_thread(dying.__exit__)
+        statuses = [
+            (await client.post("/v1/chat/completions", json=BODY)).status_code for _ in range(4)
+        ]
+    assert statuses == [200] * 4
+    assert len(fake.bodies) == 4
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_client_disconnect_closes_the_upstream_request(fake: FakeVLLM, stream: bool) -> None:
+    """A client that gives up, waiting or mid-stream, makes the gateway close the upstream."""
+    fake.mode = "slow_stream" if stream else "hang"
+    with ThreadedServer(create_app(settings_for(fake.url))) as gateway:
+        async with httpx.AsyncClient(base_url=gateway.url, headers=AUTH) as client:
+
+            async def call() -> None:
+                async with client.stream(
+                    "POST", "/v1/chat/completions", json={**BODY, "stream": stream}
+                ) as response:
+                    async for _ in response.aiter_raw():
+                        pass
+
+            task = asyncio.create_task(call())
+            assert await asyncio.to_thread(fake.chat_started.wait, 5)
+            await asyncio.sleep(0.2)  # streaming: chunks are flowing; otherwise: waiting
+            task.cancel()  # httpx closes the connection: the client is gone
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert await asyncio.to_thread(fake.disconnected.wait, 2), "upstream left running"
+
+
+async def test_backend_refusing_the_gateways_key_is_a_502_not_a_401(
+    gateway_client: httpx.AsyncClient, fake: FakeVLLM
+) -> None:
+    """vLLM's 401 means OCRVL_BACKEND_API_KEY is wrong; the client must not see AuthenticationError."""
+    fake.mode, fake.status, fake.error_body = "status", 401, b'{"error":"Unauthorized"}'
+    response = await gateway_client.post("/v1/chat/completions", json=BODY)
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["code"] == "backend_auth_failed"
+    assert "OCRVL_BACKEND_API_KEY" in error["message"]

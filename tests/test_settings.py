@@ -1,0 +1,51 @@
+"""Settings from OCRVL_* variables: parsing, validation, and refusing to start without keys."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from app.settings import Settings
+
+
+def test_reads_comma_separated_lists(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OCRVL_BACKENDS and OCRVL_API_KEYS are comma-separated; a trailing /v1 is tolerated."""
+    monkeypatch.setenv("OCRVL_BACKENDS", "http://a:8118/v1, http://b:8118/")
+    monkeypatch.setenv("OCRVL_API_KEYS", "k1,k2")
+    settings = Settings()
+    assert settings.backends == ["http://a:8118", "http://b:8118"]
+    assert [k.get_secret_value() for k in settings.api_keys] == ["k1", "k2"]
+    assert "k1" not in repr(settings)
+
+
+def test_defaults_match_the_documented_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Request timeout 600 s, body cap 20 MiB, keep-alive expiry below vLLM's 5 s."""
+    monkeypatch.setenv("OCRVL_AUTH", "off")
+    settings = Settings()
+    assert settings.request_timeout == 600
+    assert settings.max_body_bytes == 20 * 1024 * 1024
+    assert settings.keepalive_expiry < 5
+    assert settings.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize("env", [{}, {"OCRVL_AUTH": "on"}])
+def test_no_key_configured_refuses_naming_both_settings(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
+) -> None:
+    """Without keys and without OCRVL_AUTH=off the gateway does not start."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    message = str(caught.value)
+    assert "OCRVL_API_KEYS" in message
+    assert "OCRVL_API_KEYS_FILE" in message
+    assert "OCRVL_AUTH=off" in message
+
+
+def test_backend_urls_must_be_http(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend without a scheme is named in the error."""
+    monkeypatch.setenv("OCRVL_AUTH", "off")
+    monkeypatch.setenv("OCRVL_BACKENDS", "vllm:8118")
+    with pytest.raises(ValidationError, match="vllm:8118"):
+        Settings()
