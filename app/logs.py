@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
 
 
 class JSONFormatter(logging.Formatter):

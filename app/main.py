@@ -67,7 +67,7 @@ def create_app(settings: Settings) -> FastAPI:
             if not pool.healthy():
                 log.warning("no backend is healthy yet: %s", pool.problems() or "none configured")
             watcher = asyncio.create_task(pool.watch(settings.health_interval))
-            relay = Relay(client, pool, backend_key, settings.request_timeout)
+            relay = Relay(client, pool, backend_key, settings.request_timeout, settings.max_pixels)
             try:
                 yield State(
                     settings=settings,

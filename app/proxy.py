@@ -42,11 +42,13 @@ class Relay:
         pool: BackendPool,
         backend_key: str | None,
         request_timeout: float,
+        max_pixels: int,
     ) -> None:
         self._client = client
         self._pool = pool
         self._auth = {"authorization": f"Bearer {backend_key}"} if backend_key else {}
         self._timeout = request_timeout
+        self._max_pixels = max_pixels
 
     async def complete(
         self, chat: ChatRequest, served: str, context: RequestContext, receive: Receive
@@ -76,7 +78,7 @@ class Relay:
                 f"no healthy backend serves {served!r}: {self._pool.problems() or 'none probed'}",
                 status=503,
             )
-        body = chat.for_backend(served)
+        body = chat.for_backend(served, self._max_pixels)
         headers = {
             "content-type": "application/json",
             "accept": "text/event-stream" if chat.stream else "application/json",

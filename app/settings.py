@@ -39,6 +39,12 @@ class Settings(BaseSettings):
     request_timeout: float = Field(default=600.0, gt=0, description="Seconds for a whole request.")
     connect_timeout: float = Field(default=5.0, gt=0, description="Seconds to connect to vLLM.")
     max_body_bytes: int = Field(default=20 * MiB, gt=0)
+    max_pixels: int = Field(
+        default=1_003_520,
+        gt=0,
+        description="Cap on a request's mm_processor_kwargs.max_pixels: PaddleOCR-VL's own "
+        "maximum (1,280 visual tokens), which the vLLM profiles size the encoder budget for.",
+    )
     health_interval: float = Field(
         default=5.0, gt=0, description="Seconds between backend health probes."
     )
@@ -70,7 +76,12 @@ class Settings(BaseSettings):
         return [url.rstrip("/").removesuffix("/v1") for url in value]
 
     @model_validator(mode="after")
-    def _keys_or_explicit_auth_off(self) -> Settings:
+    def _backends_and_keys(self) -> Settings:
+        if not self.backends:
+            raise ValueError(
+                "OCRVL_BACKENDS is empty: set it to the vLLM base URL(s), comma-separated, "
+                "e.g. http://127.0.0.1:8118"
+            )
         if self.auth == "on" and not self.api_keys and self.api_keys_file is None:
             raise ValueError(
                 "no API key is configured: set OCRVL_API_KEYS (comma-separated keys) or "

@@ -69,9 +69,7 @@ async def test_keys_never_reach_logs_or_metrics(
     logging.getLogger("ocrvl").propagate = True
     with caplog.at_level(logging.DEBUG, logger="ocrvl"):
         async with lifespan_client(app) as client:
-            await client.post(
-                "/v1/chat/completions", json=BODY, headers={"x-api-key": CLIENT_KEY}
-            )
+            await client.post("/v1/chat/completions", json=BODY, headers={"x-api-key": CLIENT_KEY})
             await client.post(
                 "/v1/chat/completions", json=BODY, headers={"x-api-key": "sk-wrong-secret"}
             )

@@ -36,7 +36,10 @@ MESSAGES = [{"role": "user", "content": "OCR:"}]
     ],
 )
 async def test_bad_bodies_get_400_naming_the_field(
-    gateway_client: httpx.AsyncClient, fake: FakeVLLM, body: bytes, param: str | None,
+    gateway_client: httpx.AsyncClient,
+    fake: FakeVLLM,
+    body: bytes,
+    param: str | None,
     fragment: str,
 ) -> None:
     """Malformed JSON or a non-chat body: 400 in OpenAI shape with `param`; nothing relayed."""
@@ -51,7 +54,9 @@ async def test_bad_bodies_get_400_naming_the_field(
     assert fake.bodies == []
 
 
-async def test_steering_fields_are_stripped(gateway_client: httpx.AsyncClient, fake: FakeVLLM) -> None:
+async def test_steering_fields_are_stripped(
+    gateway_client: httpx.AsyncClient, fake: FakeVLLM
+) -> None:
     """chat_template, chat_template_kwargs and media_io_kwargs never reach vLLM."""
     body = {
         "model": SERVED,
@@ -107,10 +112,34 @@ async def test_oversize_body_with_content_length_gets_413(
                 yield b" " * 400  # no Content-Length: the gateway counts as it reads
 
         streamed = await client.post("/v1/chat/completions", content=chunks())
-        small = await client.post("/v1/chat/completions", json={"model": SERVED, "messages": MESSAGES})
+        small = await client.post(
+            "/v1/chat/completions", json={"model": SERVED, "messages": MESSAGES}
+        )
     for response in (declared, streamed):
         assert response.status_code == 413
         assert response.json()["error"]["code"] == "request_too_large"
         assert "OCRVL_MAX_BODY_BYTES" in response.json()["error"]["message"]
     assert small.status_code == 200
     assert len(fake.bodies) == 1
+
+
+@pytest.mark.parametrize(
+    ("sent", "relayed"),
+    [
+        ({"min_pixels": 112896, "max_pixels": 1003520}, None),  # PaddleOCR's own: unchanged
+        ({"max_pixels": 50_000_000}, {"max_pixels": 1003520}),
+        ({"min_pixels": 9_000_000, "max_pixels": 9_000_000},
+         {"min_pixels": 1003520, "max_pixels": 1003520}),
+    ],
+)  # fmt: skip
+async def test_pixel_limits_are_clamped_to_the_models_maximum(
+    gateway_client: httpx.AsyncClient,
+    fake: FakeVLLM,
+    sent: dict[str, int],
+    relayed: dict[str, int] | None,
+) -> None:
+    """mm_processor_kwargs asking for more than OCRVL_MAX_PIXELS reach vLLM clamped."""
+    body = {"model": SERVED, "messages": MESSAGES, "mm_processor_kwargs": sent}
+    response = await gateway_client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    assert fake.bodies[-1]["mm_processor_kwargs"] == (relayed or sent)

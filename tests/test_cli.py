@@ -29,7 +29,7 @@ def test_help_lists_the_commands() -> None:
 
 def test_serve_without_keys_refuses_with_guidance() -> None:
     """`ocrvl serve` with no key configured exits 2 and says which settings to set."""
-    result = run("serve", "--port", "1")
+    result = run("serve", "--port", "1", env={"OCRVL_BACKENDS": "http://127.0.0.1:8118"})
     assert result.returncode == 2
     assert "OCRVL_API_KEYS" in result.stderr
     assert "OCRVL_API_KEYS_FILE" in result.stderr

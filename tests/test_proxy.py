@@ -211,7 +211,7 @@ async def test_client_disconnect_closes_the_upstream_request(fake: FakeVLLM, str
 async def test_backend_refusing_the_gateways_key_is_a_502_not_a_401(
     gateway_client: httpx.AsyncClient, fake: FakeVLLM
 ) -> None:
-    """vLLM's 401 means OCRVL_BACKEND_API_KEY is wrong; the client must not see AuthenticationError."""
+    """vLLM's 401 means our backend key is wrong: the client must not get AuthenticationError."""
     fake.mode, fake.status, fake.error_body = "status", 401, b'{"error":"Unauthorized"}'
     response = await gateway_client.post("/v1/chat/completions", json=BODY)
     assert response.status_code == 502

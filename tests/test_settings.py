@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from pydantic import ValidationError
 
@@ -16,6 +18,13 @@ def test_reads_comma_separated_lists(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.backends == ["http://a:8118", "http://b:8118"]
     assert [k.get_secret_value() for k in settings.api_keys] == ["k1", "k2"]
     assert "k1" not in repr(settings)
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [name for name in os.environ if name.startswith("OCRVL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("OCRVL_BACKENDS", "http://127.0.0.1:8118")
 
 
 def test_defaults_match_the_documented_ones(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,4 +57,12 @@ def test_backend_urls_must_be_http(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OCRVL_AUTH", "off")
     monkeypatch.setenv("OCRVL_BACKENDS", "vllm:8118")
     with pytest.raises(ValidationError, match="vllm:8118"):
+        Settings()
+
+
+def test_no_backend_configured_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty OCRVL_BACKENDS is a start-up error that says what to set."""
+    monkeypatch.setenv("OCRVL_AUTH", "off")
+    monkeypatch.setenv("OCRVL_BACKENDS", "")
+    with pytest.raises(ValidationError, match="OCRVL_BACKENDS is empty"):
         Settings()

@@ -46,7 +46,10 @@ def test_models_list_starts_with_the_served_model(
 def test_non_streaming_completion_with_usage(client: openai.OpenAI) -> None:
     """An image plus `OCR:` returns a completion and token usage."""
     completion = client.chat.completions.create(
-        model="PaddleOCR-VL-1.5-0.9B", messages=page_messages(), max_tokens=16, temperature=0  # type: ignore[arg-type]
+        model="PaddleOCR-VL-1.5-0.9B",
+        messages=page_messages(),
+        max_tokens=16,
+        temperature=0,
     )
     assert completion.choices[0].message.content
     assert completion.usage is not None
@@ -57,7 +60,10 @@ def test_non_streaming_completion_with_usage(client: openai.OpenAI) -> None:
 def test_streaming_completion_arrives_in_chunks(client: openai.OpenAI) -> None:
     """`stream=True` yields several chunks whose text joins into the answer."""
     stream = client.chat.completions.create(
-        model="PaddleOCR-VL", messages=page_messages(1), max_tokens=12, stream=True,  # type: ignore[arg-type]
+        model="PaddleOCR-VL",
+        messages=page_messages(1),
+        max_tokens=12,
+        stream=True,
         extra_body={"ignore_eos": True},
     )
     chunks = [chunk for chunk in stream]
@@ -77,11 +83,15 @@ def test_every_alias_is_served(client: openai.OpenAI, alias: str) -> None:
 
 def test_eight_concurrent_pages(gateway: GatewayServer) -> None:
     """Eight different page images at once all come back (the engine batches them)."""
-    client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=gateway.api_key, max_retries=0)
+    client = openai.AsyncOpenAI(
+        base_url=f"{gateway.url}/v1", api_key=gateway.api_key, max_retries=0
+    )
 
     async def one(seed: int) -> int:
         completion = await client.chat.completions.create(
-            model="PaddleOCR-VL-1.6-0.9B", messages=page_messages(seed), max_tokens=8  # type: ignore[arg-type]
+            model="PaddleOCR-VL-1.6-0.9B",
+            messages=page_messages(seed),
+            max_tokens=8,
         )
         assert completion.usage is not None
         return completion.usage.prompt_tokens

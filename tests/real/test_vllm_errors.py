@@ -46,7 +46,10 @@ NOT_AN_IMAGE = "data:image/png;base64," + base64.b64encode(b"this is not a PNG a
     ids=["broken-base64", "not-an-image", "max-tokens-over-limit"],
 )  # fmt: skip
 def test_engine_rejections_are_400_in_openai_shape(
-    gateway: GatewayServer, body: dict[str, object], param: str | None, fragment: str,
+    gateway: GatewayServer,
+    body: dict[str, object],
+    param: str | None,
+    fragment: str,
     stream: bool,
 ) -> None:
     """Each bad input is vLLM's 400, passed on with its message and `param`."""

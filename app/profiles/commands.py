@@ -1,0 +1,135 @@
+"""`ocrvl profile plan|detect|check`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from app.profiles import PROFILES_DIR, ROOT
+from app.profiles.checks import Checker
+from app.profiles.detection import DetectionError, match, query
+from app.profiles.gpus import CARDS, card_for_profile
+from app.profiles.images import TargetError, load_targets
+from app.profiles.memory import derive, plan
+from app.profiles.reports import describe, yaml_block
+from app.profiles.shapes import DEFAULT_CONFIG, GiB, ShapeError, load_shape
+
+_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def _plan(args: argparse.Namespace) -> int:
+    try:
+        shape = load_shape(args.model_config)
+    except ShapeError as exc:
+        print(f"ocrvl profile plan: {exc}", file=sys.stderr)
+        return 2
+    card = card_for_profile(args.profile) if args.profile else None
+    if args.profile and card is None:
+        known = ", ".join(c.profile for c in CARDS)
+        print(
+            f"ocrvl profile plan: unknown profile {args.profile!r}; one of {known}", file=sys.stderr
+        )
+        return 2
+    total = card.memory_bytes if card else int(args.gpu_mem_gib * GiB)
+    limits = derive(
+        total,
+        shape,
+        geforce=card.geforce if card else False,
+        utilization=args.utilization,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    limits = replace(limits, dtype_bytes=_DTYPE_BYTES[args.dtype])
+    result = plan(shape, limits, total)
+    print(yaml_block(result, shape) if args.yaml else describe(result, shape))
+    return 1 if result.errors else 0
+
+
+def _detect(args: argparse.Namespace) -> int:
+    gpus = query()
+    if not gpus:
+        print(PROFILES_DIR / "cpu.yaml")
+        return 0
+    status = 0
+    for index, gpu in enumerate(gpus):
+        try:
+            found = match(gpu)
+        except DetectionError as exc:
+            print(f"ocrvl profile detect: GPU {index}: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        if found.note:
+            print(f"ocrvl profile detect: GPU {index}: {found.note}", file=sys.stderr)
+        print(PROFILES_DIR / f"{found.profile}.yaml")
+    return status
+
+
+def _shown(path: Path) -> Path:
+    """The path relative to the working directory when it is below it."""
+    return path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+
+
+def _check(args: argparse.Namespace) -> int:
+    files = [Path(f) for f in args.files] or [
+        _shown(path) for path in sorted((ROOT / PROFILES_DIR).glob("*.yaml"))
+    ]
+    if args.profile and len(files) != 1:
+        print("ocrvl profile check: --profile needs exactly one file", file=sys.stderr)
+        return 2
+    try:
+        checker = Checker(load_shape(args.model_config), load_targets())
+    except (ShapeError, TargetError) as exc:
+        print(f"ocrvl profile check: {exc}", file=sys.stderr)
+        return 2
+    errors = 0
+    for path in files:
+        findings = checker.check(path, args.profile)
+        for finding in findings:
+            print(finding, file=sys.stderr if finding.error else sys.stdout)
+        failed = sum(finding.error for finding in findings)
+        errors += failed
+        print(f"{path}: {'FAILED' if failed else 'ok'}")
+    return 1 if errors else 0
+
+
+def _add_model_config(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model-config",
+        type=Path,
+        default=DEFAULT_CONFIG,
+        help="the checkpoint's config.json (default: PaddleOCR-VL 1.5's, shipped in the repo)",
+    )
+
+
+def register(commands: argparse._SubParsersAction[Any]) -> None:
+    """Add the `profile` command group to the `ocrvl` parser."""
+    profile = commands.add_parser("profile", help="plan, detect and check per-GPU vLLM profiles")
+    actions = profile.add_subparsers(metavar="ACTION", required=True)
+
+    plan_parser = actions.add_parser("plan", help="run the memory model for one card")
+    card = plan_parser.add_mutually_exclusive_group(required=True)
+    card.add_argument("--gpu-mem-gib", type=float, help="the card's total memory in GiB")
+    card.add_argument("--profile", help="a catalogue card, e.g. v100-32gb")
+    plan_parser.add_argument("--max-model-len", type=int, help="default: page + 4,096, rounded up")
+    plan_parser.add_argument("--max-num-seqs", type=int, help="default: the pages the KV holds")
+    plan_parser.add_argument("--utilization", type=float, help="gpu-memory-utilization")
+    plan_parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    plan_parser.add_argument("--dtype", choices=sorted(_DTYPE_BYTES), default="bfloat16")
+    _add_model_config(plan_parser)
+    plan_parser.add_argument("--yaml", action="store_true", help="print the profile's YAML block")
+    plan_parser.set_defaults(func=_plan)
+
+    detect_parser = actions.add_parser("detect", help="print the profile path for each GPU")
+    detect_parser.set_defaults(func=_detect)
+
+    check_parser = actions.add_parser("check", help="check profiles against vLLM, card, memory")
+    check_parser.add_argument("files", nargs="*", help="default: vllm_configs/*.yaml")
+    check_parser.add_argument(
+        "--profile", help="the profile a single file is for (default: its name)"
+    )
+    _add_model_config(check_parser)
+    check_parser.set_defaults(func=_check)

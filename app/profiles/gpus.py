@@ -1,0 +1,60 @@
+"""The GPU catalogue: one card class per profile, as `nvidia-smi` reports it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MiB = 1024**2
+
+
+@dataclass(frozen=True)
+class Card:
+    """A GPU class a profile is sized for; `memory_mib` is nvidia-smi's `memory.total`."""
+
+    profile: str
+    name: str
+    pattern: str
+    memory_mib: int
+    compute_capability: float
+    geforce: bool = False
+
+    @property
+    def memory_bytes(self) -> int:
+        """The card's total memory in bytes."""
+        return self.memory_mib * MiB
+
+    @property
+    def has_bf16(self) -> bool:
+        """bfloat16 needs compute capability 8.0 (Ampere)."""
+        return self.compute_capability >= 8.0
+
+    @property
+    def has_flash_attention(self) -> bool:
+        """FlashAttention (and so vLLM's default backends) needs compute capability 8.0."""
+        return self.compute_capability >= 8.0
+
+    def matches(self, name: str) -> bool:
+        """Whether an nvidia-smi name (`Tesla V100-SXM2-32GB`) belongs to this class."""
+        return re.search(self.pattern, name, re.IGNORECASE) is not None
+
+
+CARDS: tuple[Card, ...] = (
+    Card("v100-32gb", "Tesla V100 32GB", r"V100S?\b", 32768, 7.0),
+    Card("t4-16gb", "Tesla T4", r"\bT4\b", 15360, 7.5),
+    Card("rtx3060-12gb", "GeForce RTX 3060 12GB", r"RTX 3060\b", 12288, 8.6, geforce=True),
+    Card("rtx4090-24gb", "GeForce RTX 4090", r"RTX 4090\b", 24564, 8.9, geforce=True),
+    Card("a10-24gb", "NVIDIA A10 / A10G", r"\bA10G?\b", 23028, 8.6),
+    Card("l4-24gb", "NVIDIA L4", r"\bL4\b", 23034, 8.9),
+    Card("a100-40gb", "NVIDIA A100 40GB", r"\bA100\b", 40960, 8.0),
+    Card("a100-80gb", "NVIDIA A100 80GB", r"\bA100\b", 81920, 8.0),
+    Card("h100-80gb", "NVIDIA H100 80GB", r"\bH100\b", 81559, 9.0),
+    Card("h200-141gb", "NVIDIA H200", r"\bH200\b", 143771, 9.0),
+)
+
+CPU_PROFILE = "cpu"
+
+
+def card_for_profile(profile: str) -> Card | None:
+    """The card a profile name is sized for; None for `cpu` or an unknown name."""
+    return next((card for card in CARDS if card.profile == profile), None)

@@ -1,0 +1,91 @@
+"""Text renderings of a memory plan: the `ocrvl profile plan` report and a profile's YAML block."""
+
+from __future__ import annotations
+
+from app.profiles.memory import (
+    MAX_NUM_SEQS_CAP,
+    PROMPT_TEXT_TOKENS,
+    RECIPE_MAX_NUM_BATCHED_TOKENS,
+    TYPICAL_OUTPUT_TOKENS,
+    MemoryPlan,
+)
+from app.profiles.shapes import GiB, ModelShape
+
+
+def _gib(value: int) -> str:
+    return f"{value / GiB:6.2f} GiB"
+
+
+def describe(result: MemoryPlan, shape: ModelShape) -> str:
+    """The human-readable breakdown `ocrvl profile plan` prints."""
+    limits = result.limits
+    lines: list[str] = []
+    if result.total_bytes is not None and limits.kv_cache_memory_bytes is None:
+        lines += [
+            f"GPU memory              {_gib(result.total_bytes)}",
+            f"vLLM budget             {_gib(result.budget_bytes)}"
+            f"  (gpu-memory-utilization {limits.gpu_memory_utilization})",
+            f"  weights               {_gib(result.weights_bytes)}",
+            f"  activation peak       {_gib(result.activation_bytes)}  ({result.profiled_images} "
+            f"images x {shape.max_visual_tokens_per_image:,} visual tokens, or "
+            f"{limits.max_num_batched_tokens:,} LM tokens + sampler)",
+            f"  encoder cache         {_gib(result.encoder_cache_bytes)}",
+            f"  runtime (non-torch)   {_gib(result.runtime_bytes)}",
+            f"  CUDA graphs           {_gib(result.graph_bytes)}",
+        ]
+    lines += [
+        f"KV cache                {_gib(result.kv_bytes)}  = {result.kv_tokens:,} tokens "
+        f"({result.kv_blocks:,} blocks of {limits.block_size})",
+        f"  per token             {result.kv_bytes_per_token:,} B = {shape.num_layers} layers x "
+        f"{shape.num_kv_heads} KV heads x {shape.head_dim} x 2 (K, V) x {limits.dtype_bytes} B",
+        f"typical page            {result.page_tokens:,} tokens "
+        f"({shape.max_visual_tokens_per_image:,} visual + {PROMPT_TEXT_TOKENS} prompt + "
+        f"{TYPICAL_OUTPUT_TOKENS:,} output)",
+        f"pages in the KV cache   {result.concurrent_pages:,}",
+        f"max-num-seqs            {limits.max_num_seqs}"
+        f"  -> {min(result.concurrent_pages, limits.max_num_seqs)} pages at once",
+    ]
+    lines += [f"error: {message}" for message in result.errors]
+    lines += [f"warning: {message}" for message in result.warnings]
+    return "\n".join(lines)
+
+
+def yaml_block(result: MemoryPlan, shape: ModelShape) -> str:
+    """The memory-model part of a profile, with a comment on each number."""
+    limits = result.limits
+    total = result.total_bytes or 0
+    if limits.max_num_seqs >= MAX_NUM_SEQS_CAP:
+        seqs = (
+            f"# The KV cache holds {result.concurrent_pages:,} pages; {MAX_NUM_SEQS_CAP} at once "
+            "keep the vision encoder busy, more only wait for it."
+        )
+    else:
+        seqs = (
+            f"# The KV cache holds {result.concurrent_pages:,} pages; rounded down to a multiple "
+            "of 8,\n# every admitted page fits and none is preempted."
+        )
+    return "\n".join(
+        [
+            f"# The largest share of {total / GiB:.2f} GiB that leaves the reserve outside vLLM's "
+            f"budget ({result.budget_bytes / GiB:.2f} GiB):",
+            f"#   weights {result.weights_bytes / GiB:.2f}, activation peak "
+            f"{result.activation_bytes / GiB:.2f}, encoder cache "
+            f"{result.encoder_cache_bytes / GiB:.2f}, runtime {result.runtime_bytes / GiB:.2f}, "
+            f"CUDA graphs {result.graph_bytes / GiB:.2f} GiB;",
+            f"#   KV cache {result.kv_bytes / GiB:.2f} GiB = {result.kv_tokens:,} tokens = "
+            f"{result.concurrent_pages:,} pages of {result.page_tokens:,} tokens.",
+            f"gpu-memory-utilization: {limits.gpu_memory_utilization}",
+            "",
+            f"# A page's prompt ({shape.max_visual_tokens_per_image + PROMPT_TEXT_TOKENS:,}) plus "
+            "PaddleOCR's max_completion_tokens (4,096),",
+            "# rounded up to a power of two.",
+            f"max-model-len: {limits.max_model_len}",
+            "",
+            seqs,
+            f"max-num-seqs: {limits.max_num_seqs}",
+            "",
+            f"# The recipe's {RECIPE_MAX_NUM_BATCHED_TOKENS:,}: {result.profiled_images} full "
+            "pages prefill per step; sets the encoder's profiling batch.",
+            f"max-num-batched-tokens: {limits.max_num_batched_tokens}",
+        ]
+    )

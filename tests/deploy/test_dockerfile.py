@@ -1,0 +1,150 @@
+"""The gateway's Dockerfile, read with BuildKit's own parser (the `dockerfile` package).
+
+No Docker engine runs here, so the image is never built in these tests; what can be checked
+without one is: the instructions, the build context they need, and the HEALTHCHECK command run
+against a real gateway.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from typing import TYPE_CHECKING
+
+import dockerfile
+import pytest
+
+from tests.deploy.compose import ROOT
+
+if TYPE_CHECKING:
+    from tests.conftest import GatewayServer
+
+COMMANDS = dockerfile.parse_file(str(ROOT / "Dockerfile"))
+
+
+def final_stage() -> list[dockerfile.Command]:
+    starts = [i for i, command in enumerate(COMMANDS) if command.cmd == "FROM"]
+    return list(COMMANDS[starts[-1] :])
+
+
+def only(stage: list[dockerfile.Command], instruction: str) -> dockerfile.Command:
+    found = [command for command in stage if command.cmd == instruction]
+    assert len(found) == 1, f"{instruction}: {found}"
+    return found[0]
+
+
+def test_runtime_stage_runs_ocrvl_serve_as_a_non_root_user() -> None:
+    """The last stage drops root before its CMD, which is `ocrvl serve` in exec form."""
+    stage = final_stage()
+    user = only(stage, "USER")
+    assert user.value[0] not in ("root", "0")
+    cmd = only(stage, "CMD")
+    assert cmd.json
+    assert cmd.value == ("ocrvl", "serve")
+    assert stage.index(user) < stage.index(cmd)
+    env = dict(zip(only(stage, "ENV").value[::2], only(stage, "ENV").value[1::2], strict=True))
+    assert env["OCRVL_HOST"] == "0.0.0.0"  # noqa: S104 (inside the container's own network)
+
+
+def test_base_image_is_a_slim_python_matching_requires_python() -> None:
+    """Both stages start from the same slim CPython, one the project supports."""
+    arg = only(list(COMMANDS), "ARG").value[0]
+    image = arg.split("=", 1)[1]
+    assert image.startswith("python:")
+    assert "-slim" in image
+    version = image.removeprefix("python:").split("-")[0]
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert requires == f">={version}"
+    assert [c.value[0] for c in COMMANDS if c.cmd == "FROM"] == ["${PYTHON_IMAGE}"] * 2
+
+
+def test_only_runtime_dependencies_are_installed() -> None:
+    """The build installs the project itself (no dev group, no extras) and leaves no pip behind."""
+    runs = [command.value[0] for command in COMMANDS if command.cmd == "RUN"]
+    installs = [run for run in runs if "pip install" in run]
+    assert installs == ["/opt/ocrvl/bin/pip install . && /opt/ocrvl/bin/pip uninstall --yes pip"]
+    copied = only(final_stage(), "COPY")
+    assert copied.flags == ("--from=build",)
+    assert copied.value == ("/opt/ocrvl", "/opt/ocrvl")
+
+
+def _pattern(rule: str) -> re.Pattern[str]:
+    """A .dockerignore pattern as a regex: `**/` any folders, `*` and `?` within one name."""
+    regex, index = "", 0
+    while index < len(rule):
+        if rule.startswith("**/", index):
+            regex, index = regex + "(?:.*/)?", index + 3
+        elif rule[index] == "*":
+            regex, index = regex + "[^/]*", index + 1
+        elif rule[index] == "?":
+            regex, index = regex + "[^/]", index + 1
+        else:
+            regex, index = regex + re.escape(rule[index]), index + 1
+    return re.compile(regex)
+
+
+def ignored(path: str) -> bool:
+    """Whether .dockerignore keeps `path` out of the build context (the last matching rule wins;
+    a rule matching a parent folder matches everything in it)."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    verdict = False
+    for line in (ROOT / ".dockerignore").read_text().splitlines():
+        rule = line.strip()
+        if not rule or rule.startswith("#"):
+            continue
+        pattern = _pattern(rule.removeprefix("!").strip("/"))
+        if any(pattern.fullmatch(prefix) for prefix in prefixes):
+            verdict = not rule.startswith("!")
+    return verdict
+
+
+def test_build_context_holds_what_the_copies_and_the_build_need() -> None:
+    """Every COPY source exists and survives .dockerignore; tests, venvs and caches stay out."""
+    sources = [
+        source
+        for command in COMMANDS
+        if command.cmd == "COPY" and not command.flags
+        for source in command.value[:-1]
+    ]
+    assert sources == ["pyproject.toml", "README.md", "app"]
+    for source in sources:
+        assert (ROOT / source).exists(), source
+        assert not ignored(source), source
+    assert not ignored("app/main.py")
+    for kept_out in (".venv", ".git", "tests/conftest.py", ".cache/tiny-model", "app/__pycache__"):
+        assert ignored(kept_out), kept_out
+
+
+def healthcheck_command() -> list[str]:
+    healthcheck = only(final_stage(), "HEALTHCHECK")
+    assert healthcheck.json
+    assert healthcheck.value[0] == "CMD"
+    command = list(healthcheck.value[1:])
+    assert command[0] == "python"
+    return [sys.executable, *command[1:]]
+
+
+@pytest.mark.vllm
+def test_healthcheck_command_passes_on_a_live_gateway_and_fails_on_a_dead_port(
+    gateway: GatewayServer,
+) -> None:
+    """The image's HEALTHCHECK, run as written against the real gateway's /health."""
+    port = gateway.url.rsplit(":", 1)[1]
+    live = subprocess.run(
+        healthcheck_command(),
+        env={"OCRVL_PORT": port},
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert live.returncode == 0, live.stderr
+    from tests.support.servers import free_port  # noqa: PLC0415
+
+    dead = subprocess.run(
+        healthcheck_command(), env={"OCRVL_PORT": str(free_port())}, capture_output=True,
+        timeout=30, check=False,
+    )  # fmt: skip
+    assert dead.returncode != 0

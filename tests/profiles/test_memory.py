@@ -1,0 +1,127 @@
+"""The memory model: vLLM's KV arithmetic, the warnings, and the numbers in every profile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.cli import main
+from app.profiles import PROFILES_DIR, ROOT
+from app.profiles.gpus import CARDS, Card
+from app.profiles.memory import EngineLimits, derive_for_card, kv_cache_tokens, plan
+from app.profiles.shapes import GiB, ModelShape, load_shape
+
+PLANNED = ("gpu-memory-utilization", "max-model-len", "max-num-seqs", "max-num-batched-tokens")
+
+
+@pytest.fixture(scope="module")
+def shape() -> ModelShape:
+    """PaddleOCR-VL 1.5, from the config.json shipped in the repo."""
+    return load_shape()
+
+
+def test_kv_bytes_per_token_come_from_the_config(shape: ModelShape) -> None:
+    """18 layers x 2 KV heads x head_dim 128 x K,V x 2 bytes = 18 KiB (MEASURED.md)."""
+    assert (shape.num_layers, shape.num_kv_heads, shape.head_dim) == (18, 2, 128)
+    assert shape.kv_bytes_per_token(2) == 18_432
+    assert shape.max_visual_tokens_per_image == 1280
+
+
+def test_another_config_changes_the_dimensions(tmp_path: Path) -> None:
+    """A flat config with its own dimensions (and no head_dim) is read, not the defaults."""
+    config = {
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 1,
+        "hidden_size": 512,
+        "num_attention_heads": 8,
+        "intermediate_size": 1024,
+        "vocab_size": 1000,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    other = load_shape(tmp_path / "config.json")
+    assert other.kv_bytes_per_token(4) == 4 * 1 * 64 * 2 * 4
+
+
+@pytest.mark.parametrize(
+    ("kv_bytes", "per_token", "block", "max_len", "expected"),
+    [
+        (268_435_456, 2048, 128, 4096, (1024, 131_072)),  # cpu.yaml with the tiny model
+        (268_435_456, 2048, 128, 4000, (1024, 128_000)),  # max-model-len not a block multiple
+        (100 * 18_432 * 16 - 1, 18_432, 16, 8192, (99, 1584)),  # a partial block is dropped
+        (-5, 18_432, 16, 8192, (0, 0)),
+    ],
+)
+def test_kv_tokens_follow_vllms_arithmetic(
+    kv_bytes: int, per_token: int, block: int, max_len: int, expected: tuple[int, int]
+) -> None:
+    """blocks = bytes // (block x bytes/token); tokens = blocks / blocks-per-request x max len."""
+    assert kv_cache_tokens(kv_bytes, per_token, block, max_len) == expected
+
+
+def test_low_utilization_cannot_start(shape: ModelShape) -> None:
+    """vllm#31372: a budget below weights + activations means negative KV memory."""
+    limits = EngineLimits(8192, 64, 16384, gpu_memory_utilization=0.15)
+    result = plan(shape, limits, 24 * GiB)
+    assert result.kv_bytes < 0
+    assert any("negative KV memory" in error for error in result.errors)
+
+
+def test_utilization_above_free_memory_cannot_start(shape: ModelShape) -> None:
+    """The CUDA context is up before vLLM asks for its budget."""
+    result = plan(shape, EngineLimits(8192, 64, 16384, gpu_memory_utilization=0.99), 12 * GiB)
+    assert any("free once the CUDA context is up" in error for error in result.errors)
+
+
+def test_more_sequences_than_pages_warns_of_queueing(shape: ModelShape) -> None:
+    """max-num-seqs beyond what the KV cache holds is a warning, not an error."""
+    result = plan(shape, EngineLimits(8192, 512, 16384, gpu_memory_utilization=0.87), 12 * GiB)
+    assert not result.errors
+    assert result.concurrent_pages < 512
+    assert any(warning.startswith("will queue") for warning in result.warnings)
+
+
+def test_short_max_model_len_warns_about_paddleocrs_request(shape: ModelShape) -> None:
+    """PaddleOCR's client asks for 4,096 completion tokens on every page."""
+    result = plan(shape, EngineLimits(2048, 8, 2048, gpu_memory_utilization=0.9), 24 * GiB)
+    assert any("400" in warning for warning in result.warnings)
+
+
+@pytest.mark.parametrize("card", CARDS, ids=lambda card: card.profile)
+def test_each_profile_holds_the_memory_models_numbers(card: Card, shape: ModelShape) -> None:
+    """Every number in vllm_configs/<profile>.yaml is what the model derives for that card."""
+    flags = yaml.safe_load((ROOT / PROFILES_DIR / f"{card.profile}.yaml").read_text())
+    derived = derive_for_card(card, shape)
+    expected = {
+        "gpu-memory-utilization": derived.gpu_memory_utilization,
+        "max-model-len": derived.max_model_len,
+        "max-num-seqs": derived.max_num_seqs,
+        "max-num-batched-tokens": derived.max_num_batched_tokens,
+    }
+    assert {key: flags[key] for key in PLANNED} == expected
+    result = plan(shape, EngineLimits.from_flags(flags), card.memory_bytes)
+    assert (result.errors, result.warnings) == ((), ())
+
+
+def test_plan_command_reports_the_kv_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    """`ocrvl profile plan --gpu-mem-gib 24` prints the budget split and the pages that fit."""
+    assert main(["profile", "plan", "--gpu-mem-gib", "24", "--max-num-seqs", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "18,432 B = 18 layers x 2 KV heads x 128" in out
+    assert "max-num-seqs            64  -> 64 pages at once" in out
+
+
+def test_plan_command_fails_a_config_that_cannot_start(capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit status 1 and the reason when the KV memory would be negative."""
+    assert main(["profile", "plan", "--gpu-mem-gib", "24", "--utilization", "0.15"]) == 1
+    assert "negative KV memory" in capsys.readouterr().out
+
+
+def test_plan_command_prints_the_yaml_block(capsys: pytest.CaptureFixture[str]) -> None:
+    """--yaml prints the lines a profile carries, with the same numbers."""
+    assert main(["profile", "plan", "--profile", "rtx3060-12gb", "--yaml"]) == 0
+    flags = yaml.safe_load(capsys.readouterr().out)
+    profile = yaml.safe_load((ROOT / PROFILES_DIR / "rtx3060-12gb.yaml").read_text())
+    assert {key: profile[key] for key in PLANNED} == flags
