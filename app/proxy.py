@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import orjson
@@ -29,7 +29,6 @@ from app.errors import (
     UpstreamError,
 )
 
-T = TypeVar("T")
 ERROR_BODY_LIMIT = 64 * 1024  # enough for any vLLM error; a runaway body is cut
 
 
@@ -54,19 +53,56 @@ class Relay:
         self, chat: ChatRequest, served: str, context: RequestContext, receive: Receive
     ) -> Response:
         """Relay `chat` and answer with the backend's response, streamed or whole."""
-        deadline = time.monotonic() + self._timeout - context.elapsed()
-        backend, upstream = await self._race(
-            self._open(chat, served, context), receive, deadline, context
-        )
-        if chat.stream:
-            return RelayStream(upstream, backend, context, deadline, self._timeout)
-        try:
-            body = await self._race(_read(upstream, context), receive, deadline, context)
-        finally:
-            await upstream.aclose()
-            backend.in_flight -= 1
+        left = self._timeout - context.elapsed()
+        async with self._guard(receive, left, context):
+            backend, upstream = await self._open(chat, served, context)
+            if chat.stream:  # from here the stream guards itself
+                deadline = time.monotonic() + left
+                return RelayStream(upstream, backend, context, deadline, self._timeout)
+            try:
+                body = await _read(upstream, context)
+            finally:
+                await upstream.aclose()
+                backend.in_flight -= 1
         media_type = upstream.headers.get("content-type", "application/json")
         return Response(body, status_code=upstream.status_code, media_type=media_type)
+
+    @contextlib.asynccontextmanager
+    async def _guard(
+        self, receive: Receive, seconds: float, context: RequestContext
+    ) -> AsyncIterator[None]:
+        """Cancel the body of the block when the client leaves or `seconds` pass.
+
+        Cancelling closes whatever upstream request is open, so vLLM aborts it. One watcher
+        task per request: the block itself runs in the request's own task.
+        """
+        task = asyncio.current_task()
+        assert task is not None  # noqa: S101 (always inside a request task)
+
+        async def watch() -> None:
+            await until_disconnected(receive)
+            context.upstream_error = "client_disconnect"
+            task.cancel()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            async with asyncio.timeout(max(seconds, 0)):
+                yield
+        except asyncio.CancelledError:
+            if not (watcher.done() and not watcher.cancelled()):
+                raise  # cancelled from outside: not ours to turn into a response
+            task.uncancel()
+            raise ClientClosed(
+                "the client closed the connection; the upstream request was closed"
+            ) from None
+        except TimeoutError:
+            context.upstream_error = "timeout"
+            raise BackendTimeout(
+                f"no answer within {self._timeout:g} s (OCRVL_REQUEST_TIMEOUT); "
+                "the upstream request was closed"
+            ) from None
+        finally:
+            watcher.cancel()
 
     async def _open(
         self, chat: ChatRequest, served: str, context: RequestContext
@@ -120,33 +156,6 @@ class Relay:
             backend.in_flight -= 1
         context.upstream_error = f"status_{upstream.status_code // 100}xx"
         raise backend_error(upstream.status_code, raw)
-
-    async def _race(
-        self, work: Awaitable[T], receive: Receive, deadline: float, context: RequestContext
-    ) -> T:
-        """Await `work` unless the client leaves or the deadline passes; then cancel it."""
-        task = asyncio.ensure_future(work)
-        watcher = asyncio.ensure_future(until_disconnected(receive))
-        try:
-            done, _ = await asyncio.wait(
-                {task, watcher},
-                timeout=max(deadline - time.monotonic(), 0),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        finally:
-            watcher.cancel()
-        if task in done:
-            return task.result()
-        await _cancel(task)
-        await _discard(task)
-        if watcher in done:
-            context.upstream_error = "client_disconnect"
-            raise ClientClosed("the client closed the connection; the upstream request was closed")
-        context.upstream_error = "timeout"
-        raise BackendTimeout(
-            f"no answer within {self._timeout:g} s (OCRVL_REQUEST_TIMEOUT); "
-            "the upstream request was closed"
-        )
 
 
 class RelayStream(Response):
@@ -255,17 +264,6 @@ async def _cancel(task: asyncio.Future[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
-
-
-async def _discard(task: asyncio.Future[Any]) -> None:
-    """Close an upstream response that arrived just as its request was given up."""
-    if task.cancelled() or task.exception() is not None:
-        return
-    result = task.result()
-    if isinstance(result, tuple) and isinstance(result[1], httpx.Response):
-        backend, upstream = result
-        await upstream.aclose()
-        backend.in_flight -= 1
 
 
 def backend_error(status: int, raw: bytes) -> BackendRejected:

@@ -26,23 +26,23 @@ class State(TypedDict):
     metrics: Metrics
 
 
-def _pool(request: Request) -> BackendPool:
+async def _pool(request: Request) -> BackendPool:
     return cast(BackendPool, request.state.pool)
 
 
-def _relay(request: Request) -> Relay:
+async def _relay(request: Request) -> Relay:
     return cast(Relay, request.state.relay)
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     return cast(Settings, request.state.settings)
 
 
-def _metrics(request: Request) -> Metrics:
+async def _metrics(request: Request) -> Metrics:
     return cast(Metrics, request.state.metrics)
 
 
-def _context(request: Request) -> RequestContext:
+async def _context(request: Request) -> RequestContext:
     return cast(RequestContext, request.state.context)
 
 

@@ -455,10 +455,25 @@ def batches(cells: list[dict[str, Any]]) -> str:
     return ", ".join(f"c={c}: {p}" for c, p in plan.items())
 
 
+def pacing(delay_ms: float) -> str:
+    """What the stand-in's service time means for the c > 1 rows."""
+    if delay_ms <= 0:
+        return (
+            "Nothing paces the load, so c > 1 measures saturation: the added latency there is "
+            "queueing behind the gateway's CPU time per request, not the cost of one request."
+        )
+    return (
+        f"Here every answer is held back {delay_ms:g} ms, so the c clients move in lockstep "
+        "waves: each wave of c requests arrives at once and queues behind the gateway's CPU "
+        "time per request (PaddleOCR's client sends pages in such bursts)."
+    )
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The report as a markdown page."""
     s, m = report["settings"], report["machine"]
     load = ", ".join(f"{x:.2f}" for x in m["loadavg_at_start"] + m["loadavg_at_end"])
+    modified = " (app/ modified since)" if m["app_modified_since_commit"] else ""
     return f"""# Gateway overhead, {report["date"]}
 
 `{report["command"]}`
@@ -477,23 +492,20 @@ each path, in ms per request; *other processes* is the machine's busy time not u
 three processes (other jobs on this shared machine), in cores.
 
 - **Backend**: a stand-in for vLLM (`tests.support.fake_backend.FakeVLLM`, uvicorn + uvloop +
-  httptools, own process) with near-zero service time (added delay {s["backend_delay_ms"]} ms),
-  chosen so the gateway's cost is not buried in engine noise. At c=32 nothing paces the load,
-  so the run measures saturation: the added latency there is queueing behind the gateway's CPU
-  time per request, not the cost of one request.
+  httptools, own process) with near-zero service time, chosen so the gateway's cost is not
+  buried in engine noise. {pacing(s["backend_delay_ms"])}
 - **Gateway**: a real `ocrvl serve` subprocess, production defaults (`OCRVL_LOG_LEVEL=info`: the
   access line is part of the cost; stderr to a file, {report["access_lines"]} access lines).
 - **Requests**: the body PaddleOCR's client sends (`bench.hey_body.build`) with a
   {s["image_bytes"] / 1024:.0f} KiB JPEG page, {s["body_bytes"] / 1024:.0f} KiB of JSON; model
-  `{s["model"]}`, backend serves `{s["served"]}`.
+  `{s["model"]}`, backend serves `{s["served"]}`; *stream* rows time the whole stream.
 - **Load generator**: this script in its own process and event loop (uvloop), one keep-alive
   httpx client per target. Per mode and concurrency a warm-up batch per path, then batches of
   {batches(s["batches"])} (size x rounds), direct and gateway alternating ABBA.
 - **Pinning**: {s["pinning"]}.
 - **Machine**: {m["nproc"]} cores ({m["cpu"]}), {m["memory_gib"]} GiB, Python {m["python"]};
-  load average at start and end {load}; commit `{m["git_commit"][:12]}`
-  {"(app/ modified since)" if m["app_modified_since_commit"] else ""}. Shared and noisy: p99 of
-  ~200 samples is the 2nd-3rd slowest request, so compare runs before trusting it.
+  load average at start and end {load}; commit `{m["git_commit"][:12]}`{modified}. Shared and
+  noisy: p99 of ~200 samples is the 2nd-3rd slowest request, so compare runs before trusting it.
 """
 
 

