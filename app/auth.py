@@ -128,10 +128,9 @@ def presented_key(request: Request) -> str | None:
 async def authenticate(request: Request) -> str:
     """Dependency: the caller's key name, or 401 in OpenAI's shape.
 
-    Async on purpose, as are the state dependencies: FastAPI runs sync ones in a thread pool,
-    which cost a fifth of the gateway's CPU per request in bench/overhead.py.
+    Async on purpose: see app/state.py.
     """
-    keyring: Keyring | None = request.state.keyring
+    keyring: Keyring | None = request.state.gateway.keyring
     if keyring is None:  # OCRVL_AUTH=off
         request.state.context.key_name = "anonymous"
         return "anonymous"

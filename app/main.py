@@ -19,7 +19,7 @@ from app.metrics import Metrics
 from app.proxy import Relay
 from app.routes import chat, health, models
 from app.settings import Settings
-from app.state import State
+from app.state import Gateway, State
 
 log = logging.getLogger("ocrvl.main")
 
@@ -70,12 +70,14 @@ def create_app(settings: Settings) -> FastAPI:
             relay = Relay(client, pool, backend_key, settings.request_timeout, settings.max_pixels)
             try:
                 yield State(
-                    settings=settings,
-                    client=client,
-                    pool=pool,
-                    relay=relay,
-                    keyring=keyring,
-                    metrics=metrics,
+                    gateway=Gateway(
+                        settings=settings,
+                        client=client,
+                        pool=pool,
+                        relay=relay,
+                        keyring=keyring,
+                        metrics=metrics,
+                    )
                 )
             finally:
                 watcher.cancel()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, TypedDict, cast
 
 import httpx
@@ -15,39 +16,34 @@ from app.proxy import Relay
 from app.settings import Settings
 
 
-class State(TypedDict):
-    """Long-lived objects, created and closed by the lifespan, copied into every request."""
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    """The long-lived objects: created by the lifespan, closed by it, shared by every request."""
 
     settings: Settings
     client: httpx.AsyncClient
     pool: BackendPool
     relay: Relay
-    keyring: Keyring | None
+    keyring: Keyring | None  # None: OCRVL_AUTH=off
     metrics: Metrics
 
 
-async def _pool(request: Request) -> BackendPool:
-    return cast(BackendPool, request.state.pool)
+class State(TypedDict):
+    """What the lifespan yields; uvicorn copies it into every request's `request.state`."""
+
+    gateway: Gateway
 
 
-async def _relay(request: Request) -> Relay:
-    return cast(Relay, request.state.relay)
-
-
-async def _settings(request: Request) -> Settings:
-    return cast(Settings, request.state.settings)
-
-
-async def _metrics(request: Request) -> Metrics:
-    return cast(Metrics, request.state.metrics)
+# Async on purpose, like every dependency here: FastAPI runs sync ones in a thread pool, which
+# cost a fifth of the gateway's CPU per request in bench/overhead.py. One bundle rather than a
+# dependency per object keeps FastAPI's per-request dependency solving short.
+async def _gateway(request: Request) -> Gateway:
+    return cast(Gateway, request.state.gateway)
 
 
 async def _context(request: Request) -> RequestContext:
     return cast(RequestContext, request.state.context)
 
 
-Pool = Annotated[BackendPool, Depends(_pool)]
-RelayDep = Annotated[Relay, Depends(_relay)]
-SettingsDep = Annotated[Settings, Depends(_settings)]
-MetricsDep = Annotated[Metrics, Depends(_metrics)]
+GatewayDep = Annotated[Gateway, Depends(_gateway)]
 Context = Annotated[RequestContext, Depends(_context)]

@@ -8,6 +8,7 @@ never skipped.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ CLIENT_KEY = "sk-test-client-key"
 BACKEND_KEY = "sk-test-backend-key"
 TINY_SERVED_NAME = "paddleocr-vl-tiny"
 ENGINE_START_TIMEOUT = 600.0
+RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
 
 
 @pytest.fixture
@@ -101,6 +103,13 @@ class GatewayServer:
     log_path: Path
     backend: VLLMServer
     process: subprocess.Popen[bytes]
+
+
+def running_requests(metrics_text: str) -> float:
+    """vLLM's own count of requests it is running, from its /metrics text."""
+    counts = RUNNING.findall(metrics_text)
+    assert counts, "vLLM's /metrics has no vllm:num_requests_running"
+    return sum(float(count) for count in counts)
 
 
 def _tail(path: Path, lines: int = 60) -> str:
@@ -179,12 +188,13 @@ def vllm_server(
     command = [
         str(vllm), "serve", str(model_dir), "--config", str(config_path),
         "--host", "127.0.0.1", "--port", str(port),
-        "--served-model-name", TINY_SERVED_NAME, "--api-key", BACKEND_KEY,
+        "--served-model-name", TINY_SERVED_NAME,
     ]  # fmt: skip
+    environment = {**engine_environment(), "VLLM_API_KEY": BACKEND_KEY}  # not in `ps` output
     started = time.monotonic()
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=engine_environment(), cwd=ROOT
+            command, stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=ROOT
         )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -32,7 +32,7 @@ async def test_lifespan_owns_and_closes_the_client(fake: FakeVLLM) -> None:
 
     @app.get("/__client")
     async def client_of(request: Request) -> dict[str, str]:  # a probe route for this test
-        seen.append(request.state.client)
+        seen.append(request.state.gateway.client)
         return {}
 
     async with lifespan_client(app) as client:

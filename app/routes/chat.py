@@ -8,7 +8,7 @@ from starlette.responses import Response
 from app import catalog, chat
 from app.auth import KeyName
 from app.errors import PayloadTooLarge
-from app.state import Context, Pool, RelayDep, SettingsDep
+from app.state import Context, GatewayDep
 
 router = APIRouter()
 
@@ -36,13 +36,12 @@ async def read_body(request: Request, limit: int) -> bytes:
 async def chat_completions(
     request: Request,
     _: KeyName,
-    settings: SettingsDep,
-    pool: Pool,
-    relay: RelayDep,
+    gateway: GatewayDep,
     context: Context,
 ) -> Response:
     """Relay a chat completion to a healthy backend serving the requested model."""
-    parsed = chat.parse(await read_body(request, settings.max_body_bytes))
+    parsed = chat.parse(await read_body(request, gateway.settings.max_body_bytes))
     context.model, context.stream = parsed.model, parsed.stream
+    pool = gateway.pool
     served = catalog.resolve(parsed.model, pool.served_models(), pool.problems())
-    return await relay.complete(parsed, served, context, request.receive)
+    return await gateway.relay.complete(parsed, served, context, request.receive)

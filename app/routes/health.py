@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from app.errors import BackendUnavailable
-from app.state import MetricsDep, Pool
+from app.state import GatewayDep
 
 router = APIRouter()
 
@@ -20,15 +20,15 @@ async def health() -> dict[str, str]:
 
 
 @router.get("/ready")
-async def ready(pool: Pool) -> dict[str, Any]:
+async def ready(gateway: GatewayDep) -> dict[str, Any]:
     """200 while at least one backend answered its last health probe, else 503."""
-    healthy = pool.healthy()
+    healthy = gateway.pool.healthy()
     if not healthy:
-        raise BackendUnavailable(f"no backend is healthy: {pool.problems()}", status=503)
+        raise BackendUnavailable(f"no backend is healthy: {gateway.pool.problems()}", status=503)
     return {"status": "ready", "backends": [backend.url for backend in healthy]}
 
 
 @router.get("/metrics")
-async def metrics(registry: MetricsDep) -> Response:
+async def metrics(gateway: GatewayDep) -> Response:
     """Prometheus text exposition of the gateway's metrics."""
-    return Response(registry.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -9,16 +9,16 @@ from fastapi import APIRouter
 from app import catalog
 from app.auth import KeyName
 from app.errors import BackendUnavailable
-from app.state import Pool
+from app.state import GatewayDep
 
 router = APIRouter()
 
 
 @router.get("/v1/models")
 @router.get("/models", include_in_schema=False)
-async def list_models(_: KeyName, pool: Pool) -> dict[str, Any]:
+async def list_models(_: KeyName, gateway: GatewayDep) -> dict[str, Any]:
     """The models a request may name; the first one is served directly."""
-    served = pool.served_models()
+    served = gateway.pool.served_models()
     if not served:
-        raise BackendUnavailable(f"no healthy backend: {pool.problems()}", status=503)
+        raise BackendUnavailable(f"no healthy backend: {gateway.pool.problems()}", status=503)
     return catalog.listing(served)

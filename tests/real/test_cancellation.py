@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,11 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import GatewayServer, VLLMServer, _stop, start_gateway
+from tests.conftest import GatewayServer, VLLMServer, _stop, running_requests, start_gateway
 
 pytestmark = [pytest.mark.vllm, pytest.mark.anyio]
 FREED_WITHIN = 1.0  # seconds from the client's departure to vLLM running nothing
-RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
 
 
 def long_generation(vllm: VLLMServer, stream: bool) -> dict[str, object]:
@@ -33,7 +31,7 @@ async def running(vllm: VLLMServer) -> float:
     """vLLM's own count of requests it is running now."""
     async with httpx.AsyncClient() as client:
         text = (await client.get(f"{vllm.url}/metrics", timeout=5)).text
-    return sum(float(value) for value in RUNNING.findall(text))
+    return running_requests(text)
 
 
 async def wait_for_running(vllm: VLLMServer, predicate: object, timeout: float) -> float:
