@@ -30,7 +30,7 @@ class Metrics:
             "ocrvl_gateway_overhead_seconds",
             "Time spent in the gateway itself: latency minus time awaiting the backend "
             "(the HTTP client's own work while sending and reading counts as awaiting, so "
-            "bench/overhead.py's outside view is the fuller figure).",
+            "bench.overhead's outside view is the fuller figure).",
             ["route"],
             buckets=OVERHEAD_BUCKETS,
             registry=self.registry,

@@ -35,7 +35,7 @@ class State(TypedDict):
 
 
 # Async on purpose, like every dependency here: FastAPI runs sync ones in a thread pool, which
-# cost a fifth of the gateway's CPU per request in bench/overhead.py. One bundle rather than a
+# cost a fifth of the gateway's CPU per request in bench.overhead. One bundle rather than a
 # dependency per object keeps FastAPI's per-request dependency solving short.
 async def _gateway(request: Request) -> Gateway:
     return cast(Gateway, request.state.gateway)
