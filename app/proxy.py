@@ -53,11 +53,10 @@ class Relay:
         self, chat: ChatRequest, served: str, context: RequestContext, receive: Receive
     ) -> Response:
         """Relay `chat` and answer with the backend's response, streamed or whole."""
-        left = self._timeout - context.elapsed()
-        async with self._guard(receive, left, context):
+        deadline = time.monotonic() + self._timeout - context.elapsed()
+        async with guarded(receive, deadline, self._timeout, context):
             backend, upstream = await self._open(chat, served, context)
             if chat.stream:  # from here the stream guards itself
-                deadline = time.monotonic() + left
                 return RelayStream(upstream, backend, context, deadline, self._timeout)
             try:
                 body = await _read(upstream, context)
@@ -66,43 +65,6 @@ class Relay:
                 backend.in_flight -= 1
         media_type = upstream.headers.get("content-type", "application/json")
         return Response(body, status_code=upstream.status_code, media_type=media_type)
-
-    @contextlib.asynccontextmanager
-    async def _guard(
-        self, receive: Receive, seconds: float, context: RequestContext
-    ) -> AsyncIterator[None]:
-        """Cancel the body of the block when the client leaves or `seconds` pass.
-
-        Cancelling closes whatever upstream request is open, so vLLM aborts it. One watcher
-        task per request: the block itself runs in the request's own task.
-        """
-        task = asyncio.current_task()
-        assert task is not None  # noqa: S101 (always inside a request task)
-
-        async def watch() -> None:
-            await until_disconnected(receive)
-            context.upstream_error = "client_disconnect"
-            task.cancel()
-
-        watcher = asyncio.create_task(watch())
-        try:
-            async with asyncio.timeout(max(seconds, 0)):
-                yield
-        except asyncio.CancelledError:
-            if not (watcher.done() and not watcher.cancelled()):
-                raise  # cancelled from outside: not ours to turn into a response
-            task.uncancel()
-            raise ClientClosed(
-                "the client closed the connection; the upstream request was closed"
-            ) from None
-        except TimeoutError:
-            context.upstream_error = "timeout"
-            raise BackendTimeout(
-                f"no answer within {self._timeout:g} s (OCRVL_REQUEST_TIMEOUT); "
-                "the upstream request was closed"
-            ) from None
-        finally:
-            watcher.cancel()
 
     async def _open(
         self, chat: ChatRequest, served: str, context: RequestContext
@@ -185,33 +147,20 @@ class RelayStream(Response):
         self._timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        pump = asyncio.ensure_future(self._pump(send))
-        watcher = asyncio.ensure_future(until_disconnected(receive))
+        error: GatewayError | None
         try:
-            done, _ = await asyncio.wait(
-                {pump, watcher},
-                timeout=max(self._deadline - time.monotonic(), 0),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            if pump in done:
-                error = pump.result()
-            elif watcher in done:
-                self._context.upstream_error = "client_disconnect"
-                self._context.status = CLIENT_CLOSED
-                return
-            else:
-                self._context.upstream_error = "timeout"
-                error = BackendTimeout(
-                    f"the stream ran past {self._timeout:g} s (OCRVL_REQUEST_TIMEOUT) and was "
-                    "cut; the upstream request was closed"
-                )
+            try:
+                async with guarded(receive, self._deadline, self._timeout, self._context):
+                    error = await self._pump(send)
+            except BackendTimeout as timeout:
+                error = timeout
             if error is not None:  # headers are out: the error can only be an SSE event
                 event = b"data: " + orjson.dumps(error.body()) + b"\n\n"
                 await send({"type": "http.response.body", "body": event, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except ClientClosed:
+            self._context.status = CLIENT_CLOSED
         finally:
-            watcher.cancel()
-            await _cancel(pump)
             await self._upstream.aclose()
             self._backend.in_flight -= 1
 
@@ -254,16 +203,48 @@ async def _read(
         context.upstream_seconds += time.perf_counter() - started
 
 
+@contextlib.asynccontextmanager
+async def guarded(
+    receive: Receive, deadline: float, limit: float, context: RequestContext
+) -> AsyncIterator[None]:
+    """Cancel the block when the client leaves (ClientClosed) or at `deadline` (BackendTimeout).
+
+    Cancelling closes whatever upstream request is open, so vLLM aborts it. The block runs in
+    the request's own task; one watcher task per request listens for the disconnect.
+    """
+    task = asyncio.current_task()
+    assert task is not None  # noqa: S101 (always inside a request task)
+
+    async def watch() -> None:
+        await until_disconnected(receive)
+        context.upstream_error = "client_disconnect"
+        task.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
+            yield
+    except asyncio.CancelledError:
+        if not (watcher.done() and not watcher.cancelled()):
+            raise  # cancelled from outside: not ours to turn into a response
+        task.uncancel()
+        raise ClientClosed(
+            "the client closed the connection; the upstream request was closed"
+        ) from None
+    except TimeoutError:
+        context.upstream_error = "timeout"
+        raise BackendTimeout(
+            f"no complete answer within {limit:g} s (OCRVL_REQUEST_TIMEOUT); "
+            "the upstream request was closed"
+        ) from None
+    finally:
+        watcher.cancel()
+
+
 async def until_disconnected(receive: Receive) -> None:
     """Return when the client disconnects (the request body has been read already)."""
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-async def _cancel(task: asyncio.Future[Any]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
 
 
 def backend_error(status: int, raw: bytes) -> BackendRejected:
