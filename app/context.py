@@ -24,14 +24,17 @@ class RequestContext:
 
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     client_request_id: str | None = None
+    client_retry: str | None = None  # the OpenAI SDK's x-stainless-retry-count: 0 first try
     started: float = field(default_factory=time.perf_counter)
     key_name: str | None = None
-    model: str | None = None
+    model: str | None = None  # as the client named it
+    served_model: str | None = None  # as the backend serves it (aliases rewritten)
     backend: str | None = None
     stream: bool = False
     status: int = 0
     upstream_seconds: float = 0.0
     upstream_error: str | None = None
+    truncated: bool = False  # the answer hit its token limit (finish_reason "length")
 
     def elapsed(self) -> float:
         """Seconds since the request arrived."""
@@ -60,6 +63,8 @@ class RequestContextMiddleware:
         for name, value in scope["headers"]:
             if name == b"x-request-id":
                 context.client_request_id = value.decode("latin-1")[:200]
+            elif name == b"x-stainless-retry-count":
+                context.client_retry = value.decode("latin-1")[:8]
         scope.setdefault("state", {})["context"] = context
         header = (b"x-request-id", context.request_id.encode())
 
@@ -89,19 +94,24 @@ class RequestContextMiddleware:
             self.metrics.overhead.labels(route).observe(overhead)
         if context.upstream_error is not None:
             self.metrics.upstream_errors.labels(context.upstream_error).inc()
+        if context.truncated:
+            self.metrics.truncated.labels(route).inc()
         log.info(
             "request",
             extra={
                 "request_id": context.request_id,
                 "client_request_id": context.client_request_id,
+                "client_retry": context.client_retry,
                 "key": context.key_name,
                 "route": route,
                 "model": context.model,
+                "served_model": context.served_model,
                 "backend": context.backend,
                 "stream": context.stream,
                 "status": status,
                 "latency_ms": round(latency * 1000, 3),
                 "overhead_ms": round(overhead * 1000, 3),
                 "upstream_error": context.upstream_error,
+                "truncated": context.truncated,
             },
         )

@@ -44,6 +44,10 @@ class GatewayError(Exception):
         """The OpenAI error body for this error."""
         return error_body(self.message, self.type, self.param, self.code)
 
+    def headers(self) -> dict[str, str]:
+        """Response headers that tell clients how to react (the OpenAI SDK reads them)."""
+        return {}
+
 
 class InvalidRequest(GatewayError):
     """The request body is not a chat completion request the gateway can relay."""
@@ -95,9 +99,14 @@ class BackendUnavailable(UpstreamError):
 
     code = "backend_unavailable"
 
-    def __init__(self, message: str, *, status: int = 502) -> None:
+    def __init__(self, message: str, *, status: int = 502, retry_after: int = 5) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        """A 503 says when a probe may have found a backend again; SDKs wait that long."""
+        return {"retry-after": str(self.retry_after)} if self.status == 503 else {}
 
 
 class BackendTimeout(UpstreamError):
@@ -105,6 +114,10 @@ class BackendTimeout(UpstreamError):
 
     status = 504
     code = "timeout"
+
+    def headers(self) -> dict[str, str]:
+        """No retry: the OpenAI SDK would run the same too-long page twice more on the GPU."""
+        return {"x-should-retry": "false"}
 
 
 class BackendRejected(UpstreamError):
@@ -128,7 +141,10 @@ def error_body(
 def error_response(error: GatewayError) -> Response:
     """The JSON response for `error`."""
     return Response(
-        orjson.dumps(error.body()), status_code=error.status, media_type="application/json"
+        orjson.dumps(error.body()),
+        status_code=error.status,
+        media_type="application/json",
+        headers=error.headers(),
     )
 
 

@@ -61,12 +61,16 @@ def create_app(settings: Settings) -> FastAPI:
         auth_header = {"authorization": f"Bearer {backend_key}"} if backend_key else {}
         async with upstream_client(settings) as client:
             pool = BackendPool(
-                settings.backends, client, auth_header, timeout=settings.connect_timeout
+                settings.backends,
+                client,
+                auth_header,
+                timeout=settings.connect_timeout,
+                interval=settings.health_interval,
             )
             await pool.probe_all()
             if not pool.healthy():
                 log.warning("no backend is healthy yet: %s", pool.problems() or "none configured")
-            watcher = asyncio.create_task(pool.watch(settings.health_interval))
+            watcher = asyncio.create_task(pool.watch())
             relay = Relay(client, pool, backend_key, settings.request_timeout, settings.max_pixels)
             try:
                 yield State(

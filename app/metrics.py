@@ -45,6 +45,14 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.truncated = Counter(
+            "ocrvl_truncated_answers",
+            "Answers that ended at their token limit (finish_reason length): a page cut short; "
+            "raise max_completion_tokens or the profile's max-model-len.",
+            ["route"],
+            registry=self.registry,
+        )
+
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)

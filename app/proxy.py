@@ -30,6 +30,8 @@ from app.errors import (
 )
 
 ERROR_BODY_LIMIT = 64 * 1024  # enough for any vLLM error; a runaway body is cut
+# vLLM writes compact JSON; a byte search finds a cut-off answer without parsing the body.
+TRUNCATED = b'"finish_reason":"length"'
 
 
 class Relay:
@@ -63,6 +65,7 @@ class Relay:
             finally:
                 await upstream.aclose()
                 backend.in_flight -= 1
+        context.truncated = TRUNCATED in body
         media_type = upstream.headers.get("content-type", "application/json")
         return Response(body, status_code=upstream.status_code, media_type=media_type)
 
@@ -72,10 +75,7 @@ class Relay:
         """Send to the least busy healthy backend; fail over only while nothing was sent."""
         candidates = self._pool.candidates(served)
         if not candidates:
-            raise BackendUnavailable(
-                f"no healthy backend serves {served!r}: {self._pool.problems() or 'none probed'}",
-                status=503,
-            )
+            raise self._pool.unavailable(f"no healthy backend serves {served!r}")
         body = chat.for_backend(served, self._max_pixels)
         headers = {
             "content-type": "application/json",
@@ -181,6 +181,8 @@ class RelayStream(Response):
                 return UpstreamError(f"the backend's stream broke: {describe(exc)}")
             finally:
                 self._context.upstream_seconds += time.perf_counter() - started
+            if TRUNCATED in chunk:
+                self._context.truncated = True
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
 

@@ -47,6 +47,7 @@ async def test_key_headers(fake: FakeVLLM, headers: dict[str, str], status: int,
         assert error["code"] == "invalid_api_key"
         assert set(error) == {"message", "type", "param", "code"}
         assert "sk-wrong" not in error["message"]
+        assert ("vl_rec_api_key" in error["message"]) == ("null" in str(headers))
         assert fake.bodies == []
 
 

@@ -34,7 +34,9 @@ async def test_client_request_id_is_logged_not_forwarded(
     logging.getLogger("ocrvl").propagate = True
     with caplog.at_level(logging.INFO, logger="ocrvl.access"):
         response = await gateway_client.post(
-            "/v1/chat/completions", json=BODY, headers={"x-request-id": "client-abc"}
+            "/v1/chat/completions",
+            json=BODY,
+            headers={"x-request-id": "client-abc", "x-stainless-retry-count": "1"},
         )
     ours = response.headers["x-request-id"]
     assert ours != "client-abc"
@@ -44,6 +46,9 @@ async def test_client_request_id_is_logged_not_forwarded(
     assert line["client_request_id"] == "client-abc"
     assert line["key"] == "env#1"
     assert line["model"] == "PaddleOCR-VL"
+    assert line["served_model"] == SERVED  # the alias as rewritten
+    assert line["client_retry"] == "1"  # an SDK retry is recognisable as one
+    assert line["truncated"] is False
     assert line["backend"] == fake.url
     assert line["status"] == 200
     assert line["latency_ms"] >= line["overhead_ms"] >= 0

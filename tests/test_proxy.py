@@ -115,6 +115,7 @@ async def test_hung_backend_times_out_with_504_and_upstream_closed(fake: FakeVLL
         response = await client.post("/v1/chat/completions", json=BODY)
         elapsed = asyncio.get_running_loop().time() - started
     assert response.status_code == 504
+    assert response.headers["x-should-retry"] == "false"  # the SDK must not rerun the page
     assert response.json()["error"]["code"] == "timeout"
     assert "OCRVL_REQUEST_TIMEOUT" in response.json()["error"]["message"]
     assert elapsed < 3
@@ -154,6 +155,7 @@ async def test_refused_backend_is_a_502_naming_the_cause() -> None:
     async with lifespan_client(app, headers=AUTH) as client:
         response = await client.post("/v1/chat/completions", json={**BODY, "model": "PaddleOCR-VL"})
     assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"  # the next probe (health_interval 0.2 s)
     error = response.json()["error"]
     assert "connection refused" in error["message"]
     assert url in error["message"]

@@ -42,6 +42,6 @@ async def chat_completions(
     """Relay a chat completion to a healthy backend serving the requested model."""
     parsed = chat.parse(await read_body(request, gateway.settings.max_body_bytes))
     context.model, context.stream = parsed.model, parsed.stream
-    pool = gateway.pool
-    served = catalog.resolve(parsed.model, pool.served_models(), pool.problems())
-    return await gateway.relay.complete(parsed, served, context, request.receive)
+    served_models = gateway.pool.require_models(f"to serve {parsed.model!r}")
+    context.served_model = catalog.resolve(parsed.model, served_models)
+    return await gateway.relay.complete(parsed, context.served_model, context, request.receive)

@@ -7,7 +7,6 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from app.errors import BackendUnavailable
 from app.state import GatewayDep
 
 router = APIRouter()
@@ -24,7 +23,7 @@ async def ready(gateway: GatewayDep) -> dict[str, Any]:
     """200 while at least one backend answered its last health probe, else 503."""
     healthy = gateway.pool.healthy()
     if not healthy:
-        raise BackendUnavailable(f"no backend is healthy: {gateway.pool.problems()}", status=503)
+        raise gateway.pool.unavailable("no backend is healthy")
     return {"status": "ready", "backends": [backend.url for backend in healthy]}
 
 

@@ -8,7 +8,6 @@ from fastapi import APIRouter
 
 from app import catalog
 from app.auth import KeyName
-from app.errors import BackendUnavailable
 from app.state import GatewayDep
 
 router = APIRouter()
@@ -18,7 +17,4 @@ router = APIRouter()
 @router.get("/models", include_in_schema=False)
 async def list_models(_: KeyName, gateway: GatewayDep) -> dict[str, Any]:
     """The models a request may name; the first one is served directly."""
-    served = gateway.pool.served_models()
-    if not served:
-        raise BackendUnavailable(f"no healthy backend: {gateway.pool.problems()}", status=503)
-    return catalog.listing(served)
+    return catalog.listing(gateway.pool.require_models("to list models"))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
+import httpx
 import openai
 import pytest
 
@@ -41,6 +43,34 @@ def test_models_list_starts_with_the_served_model(
     ids = [model.id for model in client.models.list()]
     assert ids[0] == gateway.backend.served_model_name
     assert ids[1:] == list(ALIASES)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_answers_cut_at_their_token_limit_are_counted(
+    client: openai.OpenAI, gateway: GatewayServer, stream: bool
+) -> None:
+    """finish_reason "length" (a page cut short) shows in the gateway's metrics."""
+
+    def truncated() -> float:
+        text = httpx.get(f"{gateway.url}/metrics", timeout=5).text
+        return sum(
+            float(v) for v in re.findall(r"^ocrvl_truncated_answers_total\S* (\S+)$", text, re.M)
+        )
+
+    before = truncated()
+    answer = client.chat.completions.create(
+        model="PaddleOCR-VL",
+        messages=[{"role": "user", "content": "OCR:"}],
+        max_tokens=3,
+        stream=stream,
+        extra_body={"ignore_eos": True},
+    )
+    if stream:
+        finishes = [c.choices[0].finish_reason for c in answer if c.choices]
+        assert "length" in finishes
+    else:
+        assert answer.choices[0].finish_reason == "length"
+    assert truncated() == before + 1
 
 
 def test_non_streaming_completion_with_usage(client: openai.OpenAI) -> None:
