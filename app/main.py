@@ -24,15 +24,25 @@ from app.state import Gateway, State
 log = logging.getLogger("ocrvl.main")
 
 
-def upstream_client(settings: Settings) -> httpx.AsyncClient:
+def upstream_client(
+    settings: Settings, transport: httpx.AsyncHTTPTransport | None = None
+) -> httpx.AsyncClient:
     """The one HTTP client to every backend, pooled and kept alive below vLLM's 5 s expiry."""
     return httpx.AsyncClient(
+        transport=transport or upstream_transport(settings),
         timeout=httpx.Timeout(
             connect=settings.connect_timeout,
             read=None,  # the request deadline bounds reads; a page may take minutes
             write=settings.request_timeout,
             pool=settings.request_timeout,
         ),
+        trust_env=False,
+    )
+
+
+def upstream_transport(settings: Settings) -> httpx.AsyncHTTPTransport:
+    """The client's connection pool: every backend connection the gateway holds."""
+    return httpx.AsyncHTTPTransport(
         limits=httpx.Limits(
             max_connections=settings.max_connections,
             max_keepalive_connections=settings.max_connections,
@@ -59,7 +69,8 @@ def create_app(settings: Settings) -> FastAPI:
             settings.backend_api_key.get_secret_value() if settings.backend_api_key else None
         )
         auth_header = {"authorization": f"Bearer {backend_key}"} if backend_key else {}
-        async with upstream_client(settings) as client:
+        transport = upstream_transport(settings)
+        async with upstream_client(settings, transport) as client:
             pool = BackendPool(
                 settings.backends,
                 client,
@@ -71,7 +82,14 @@ def create_app(settings: Settings) -> FastAPI:
             if not pool.healthy():
                 log.warning("no backend is healthy yet: %s", pool.problems() or "none configured")
             watcher = asyncio.create_task(pool.watch())
-            relay = Relay(client, pool, backend_key, settings.request_timeout, settings.max_pixels)
+            relay = Relay(
+                client,
+                transport,
+                pool,
+                backend_key=backend_key,
+                request_timeout=settings.request_timeout,
+                max_pixels=settings.max_pixels,
+            )
             try:
                 yield State(
                     gateway=Gateway(

@@ -40,12 +40,17 @@ class Relay:
     def __init__(
         self,
         client: httpx.AsyncClient,
+        transport: httpx.AsyncBaseTransport,
         pool: BackendPool,
+        *,
         backend_key: str | None,
         request_timeout: float,
         max_pixels: int,
     ) -> None:
-        self._client = client
+        # Requests go straight to the client's transport (its connection pool): the client
+        # layer's cookies, redirects and auth hooks do nothing here and cost CPU per request.
+        self._transport = transport
+        self._timeouts = client.timeout.as_dict()
         self._pool = pool
         self._auth = {"authorization": f"Bearer {backend_key}"} if backend_key else {}
         self._timeout = request_timeout
@@ -85,13 +90,17 @@ class Relay:
         }
         failures = []
         for backend in candidates:
-            request = self._client.build_request(
-                "POST", f"{backend.url}/v1/chat/completions", content=body, headers=headers
+            request = httpx.Request(
+                "POST",
+                f"{backend.url}/v1/chat/completions",
+                content=body,
+                headers=headers,
+                extensions={"timeout": self._timeouts},
             )
             context.backend = backend.url
             started = time.perf_counter()
             try:
-                upstream = await self._client.send(request, stream=True)
+                upstream = await self._transport.handle_async_request(request)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 backend.mark_down(describe(exc))
                 failures.append(f"{backend.url}: {describe(exc)}")
