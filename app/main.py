@@ -24,12 +24,10 @@ from app.state import Gateway, State
 log = logging.getLogger("ocrvl.main")
 
 
-def upstream_client(
-    settings: Settings, transport: httpx.AsyncHTTPTransport | None = None
-) -> httpx.AsyncClient:
-    """The one HTTP client to every backend, pooled and kept alive below vLLM's 5 s expiry."""
+def upstream_client(settings: Settings, transport: httpx.AsyncHTTPTransport) -> httpx.AsyncClient:
+    """The one HTTP client to every backend, over `transport`, its connection pool."""
     return httpx.AsyncClient(
-        transport=transport or upstream_transport(settings),
+        transport=transport,
         timeout=httpx.Timeout(
             connect=settings.connect_timeout,
             read=None,  # the request deadline bounds reads; a page may take minutes
@@ -41,7 +39,7 @@ def upstream_client(
 
 
 def upstream_transport(settings: Settings) -> httpx.AsyncHTTPTransport:
-    """The client's connection pool: every backend connection the gateway holds."""
+    """Every backend connection the gateway holds, kept alive below vLLM's 5 s expiry."""
     return httpx.AsyncHTTPTransport(
         limits=httpx.Limits(
             max_connections=settings.max_connections,

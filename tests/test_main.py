@@ -6,7 +6,7 @@ import httpx
 import pytest
 from fastapi import Request
 
-from app.main import create_app, upstream_client
+from app.main import create_app, upstream_client, upstream_transport
 from tests.conftest import settings_for
 from tests.support.fake_backend import FakeVLLM
 from tests.support.servers import lifespan_client
@@ -16,7 +16,7 @@ from tests.support.servers import lifespan_client
 async def test_upstream_client_is_pooled_below_vllms_keepalive() -> None:
     """Connections idle for 4 s are dropped before vLLM (5 s) closes them under a request."""
     settings = settings_for("http://127.0.0.1:1", max_connections=300)
-    async with upstream_client(settings) as client:
+    async with upstream_client(settings, upstream_transport(settings)) as client:
         pool = client._transport._pool  # type: ignore[attr-defined]
         assert pool._keepalive_expiry == 4.0
         assert pool._max_connections == 300

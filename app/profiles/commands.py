@@ -13,11 +13,11 @@ from app.profiles.checks import Checker
 from app.profiles.detection import DetectionError, match, query
 from app.profiles.gpus import CARDS, card_for_profile
 from app.profiles.images import TargetError, load_targets
-from app.profiles.memory import derive, plan
+from app.profiles.memory import DTYPE_BYTES, derive, plan
 from app.profiles.reports import describe, yaml_block
 from app.profiles.shapes import DEFAULT_CONFIG, GiB, ShapeError, load_shape
 
-_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+PLAN_DTYPES = ("bfloat16", "float16", "float32")
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -43,7 +43,7 @@ def _plan(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )
-    limits = replace(limits, dtype_bytes=_DTYPE_BYTES[args.dtype])
+    limits = replace(limits, dtype_bytes=DTYPE_BYTES[args.dtype])
     result = plan(shape, limits, total)
     print(yaml_block(result, shape) if args.yaml else describe(result, shape))
     return 1 if result.errors else 0
@@ -118,7 +118,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     plan_parser.add_argument("--max-num-seqs", type=int, help="default: the pages the KV holds")
     plan_parser.add_argument("--utilization", type=float, help="gpu-memory-utilization")
     plan_parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
-    plan_parser.add_argument("--dtype", choices=sorted(_DTYPE_BYTES), default="bfloat16")
+    plan_parser.add_argument("--dtype", choices=PLAN_DTYPES, default="bfloat16")
     _add_model_config(plan_parser)
     plan_parser.add_argument("--yaml", action="store_true", help="print the profile's YAML block")
     plan_parser.set_defaults(func=_plan)

@@ -56,7 +56,7 @@ MAX_NUM_SEQS_CAP = 256
 """vLLM's long-standing default; beyond it the vision encoder, not the KV cache, bounds pages/s."""
 DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
 
-_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "auto": 2}
+DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "auto": 2}
 
 
 def _count(value: object) -> int:
@@ -90,7 +90,7 @@ class EngineLimits:
             max_model_len=_count(flags.get("max-model-len", 8192)),
             max_num_seqs=_count(flags.get("max-num-seqs", MAX_NUM_SEQS_CAP)),
             max_num_batched_tokens=_count(flags.get("max-num-batched-tokens", 8192)),
-            dtype_bytes=_DTYPE_BYTES.get(str(flags.get("dtype", "auto")), 2),
+            dtype_bytes=DTYPE_BYTES.get(str(flags.get("dtype", "auto")), 2),
             gpu_memory_utilization=None if utilization is None else float(utilization),
             kv_cache_memory_bytes=None if kv_bytes is None else _count(kv_bytes),
             block_size=int(flags.get("block-size", DEFAULT_BLOCK_SIZE[device])),
