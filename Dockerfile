@@ -3,32 +3,46 @@
 #   docker build -t ocrvl-gateway .
 #   docker run --rm -p 127.0.0.1:8000:8000 -e OCRVL_BACKENDS=http://vllm:8000 \
 #     -e OCRVL_API_KEYS=sk-... ocrvl-gateway
+#
+# Dependencies come from pyproject.toml. Where the build cannot reach a package index (a proxy
+# with its own CA, no network), put wheels in wheelhouse/ first (scripts/wheelhouse.sh) and
+# build with `--build-arg PIP_NO_INDEX=1`. Few layers on purpose: a storage driver such as vfs
+# copies the whole file system for each one.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# Build stage: install the project and its runtime dependencies (no dev group) into a venv.
+# Build stage: the project and its runtime dependencies (no dev group) in a venv, then the
+# venv's own pip and setuptools removed. No .pyc files (--no-compile): 20 MB less image, and a
+# read-only root file system could not keep them anyway; the gateway compiles what it imports
+# at start (well under a second).
 FROM ${PYTHON_IMAGE} AS build
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/ocrvl
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY app ./app
-RUN /opt/ocrvl/bin/pip install . && /opt/ocrvl/bin/pip uninstall --yes pip
+ARG PIP_NO_INDEX=0
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_FIND_LINKS=/src/wheelhouse
+# .dockerignore lets in pyproject.toml, README.md, app/ and wheelhouse/ only.
+COPY . /src
+RUN python -m venv /opt/ocrvl \
+    && /opt/ocrvl/bin/pip install --no-compile /src \
+    && /opt/ocrvl/bin/pip uninstall --yes pip setuptools
 
-# Runtime stage: the venv only; no compiler, no pip, no sources.
+# Runtime stage: the venv only; no compiler, no pip (the base image's own is removed too), no
+# sources, no tests.
 FROM ${PYTHON_IMAGE}
-RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/ocrvl --shell /usr/sbin/nologin ocrvl
+RUN useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin ocrvl \
+    && rm -rf /usr/local/bin/pip* /usr/local/lib/python3*/site-packages/pip \
+        /usr/local/lib/python3*/site-packages/pip-* /usr/local/lib/python3*/ensurepip \
+        /usr/lib/python3*/ensurepip /usr/share/python-wheels
 COPY --from=build /opt/ocrvl /opt/ocrvl
 ENV PATH=/opt/ocrvl/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     OCRVL_HOST=0.0.0.0 \
     OCRVL_PORT=8000
-USER ocrvl
-WORKDIR /home/ocrvl
+USER 10001:10001
+WORKDIR /tmp
 EXPOSE 8000
 # Liveness only (/health never waits on a backend); /ready tells whether a backend is healthy.
-HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
+HEALTHCHECK --interval=5s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ.get('OCRVL_PORT', '8000')}/health\", timeout=4)"]
 STOPSIGNAL SIGTERM
 CMD ["ocrvl", "serve"]

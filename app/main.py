@@ -14,10 +14,15 @@ from app import __version__, logs
 from app.auth import Keyring
 from app.backends import BackendPool
 from app.context import RequestContextMiddleware
+from app.discovery import Discovery
+from app.documents.workers import Preprocessor
 from app.errors import install_handlers
+from app.media import MediaPolicy
 from app.metrics import Metrics
 from app.proxy import Relay
-from app.routes import chat, health, models
+from app.quotas import QuotaMiddleware, Quotas
+from app.routes import chat, health, models, ocr
+from app.scheduling import Scheduler
 from app.settings import Settings
 from app.state import Gateway, State
 
@@ -63,46 +68,82 @@ def create_app(settings: Settings) -> FastAPI:
             keyring = Keyring(keys, settings.api_keys_file)
         else:
             log.warning("OCRVL_AUTH=off: every request is served without an API key")
+        quotas = Quotas.from_settings(settings, keyring, metrics)
+        await quotas.start()
         backend_key = (
             settings.backend_api_key.get_secret_value() if settings.backend_api_key else None
         )
         auth_header = {"authorization": f"Bearer {backend_key}"} if backend_key else {}
         transport = upstream_transport(settings)
         async with upstream_client(settings, transport) as client:
+            members = None
+            if any(spec.discover for spec in settings.backends):
+                discovery = Discovery(
+                    settings.backends, settings.dns_server, settings.connect_timeout
+                )
+                members = discovery.members
             pool = BackendPool(
                 settings.backends,
                 client,
                 auth_header,
                 timeout=settings.connect_timeout,
                 interval=settings.health_interval,
+                members=members,
             )
             await pool.probe_all()
             if not pool.healthy():
                 log.warning("no backend is healthy yet: %s", pool.problems() or "none configured")
-            watcher = asyncio.create_task(pool.watch())
+            scheduler = Scheduler(
+                pool,
+                metrics,
+                enabled=settings.admission == "on",
+                queue_size=settings.queue_size,
+                queue_timeout=settings.queue_timeout,
+            )
+            collector = metrics.watch_backends(scheduler.readings)
+            watchers = [
+                asyncio.create_task(pool.watch()),
+                asyncio.create_task(
+                    scheduler.watch(
+                        client, auth_header, settings.metrics_interval, settings.connect_timeout
+                    )
+                ),
+            ]
             relay = Relay(
                 client,
                 transport,
                 pool,
+                scheduler,
                 backend_key=backend_key,
                 request_timeout=settings.request_timeout,
                 max_pixels=settings.max_pixels,
             )
+            documents = Preprocessor(settings.preprocess_workers)  # workers start on first use
+            media = MediaPolicy(settings)
             try:
                 yield State(
                     gateway=Gateway(
                         settings=settings,
                         client=client,
                         pool=pool,
+                        scheduler=scheduler,
                         relay=relay,
                         keyring=keyring,
                         metrics=metrics,
+                        quotas=quotas,
+                        documents=documents,
+                        media=media,
                     )
                 )
             finally:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
+                await media.aclose()
+                await asyncio.to_thread(documents.close)
+                await quotas.close()
+                metrics.registry.unregister(collector)
+                for watcher in watchers:
+                    watcher.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await watcher
 
     app = FastAPI(
         title="PaddleOCR-VL gateway",
@@ -112,7 +153,8 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
     )
     install_handlers(app)
-    for router in (chat.router, models.router, health.router):
+    for router in (chat.router, ocr.router, models.router, health.router):
         app.include_router(router)
+    app.add_middleware(QuotaMiddleware)  # inside the context middleware: releases first
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     return app

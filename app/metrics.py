@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+BACKEND_GAUGES = {
+    "in_flight": "Requests the gateway has on the backend now.",
+    "capacity": "Pages the backend serves at once (OCRVL_BACKENDS ;capacity=N, else learnt).",
+    "healthy": "1 while the backend answered its last probe.",
+    "engine_running": "vllm:num_requests_running at the last /metrics scrape (-1: unread).",
+    "engine_waiting": "vllm:num_requests_waiting at the last /metrics scrape (-1: unread).",
+    "engine_kv_usage": "vllm:kv_cache_usage_perc (0-1) at the last /metrics scrape (-1: unread).",
+}
+BackendReadings = Callable[[], Iterable[tuple[str, dict[str, float]]]]
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 
 
@@ -38,6 +52,24 @@ class Metrics:
         self.in_flight = Gauge(
             "ocrvl_requests_in_flight", "Requests being handled now.", registry=self.registry
         )
+        self.queue_depth = Gauge(
+            "ocrvl_queue_depth",
+            "Requests waiting in the admission queue for a backend slot.",
+            registry=self.registry,
+        )
+        self.queue_wait = Histogram(
+            "ocrvl_queue_wait_seconds",
+            "Time requests spent in the admission queue (served, shed or gone alike).",
+            buckets=QUEUE_BUCKETS,
+            registry=self.registry,
+        )
+        self.shed = Counter(
+            "ocrvl_shed",
+            "Requests answered 503 server_overloaded without a backend call, by reason "
+            "(queue_full, expected_wait, queue_timeout).",
+            ["reason"],
+            registry=self.registry,
+        )
         self.upstream_errors = Counter(
             "ocrvl_upstream_errors",
             "Backend failures by kind (connect, timeout, disconnect, status_4xx, status_5xx, ...).",
@@ -52,7 +84,38 @@ class Metrics:
             ["route"],
             registry=self.registry,
         )
+        self.rate_limited = Counter(
+            "ocrvl_rate_limited",
+            "Requests answered 429 by the per-key limits, by key name (never the key) and "
+            "limit (rpm or concurrency).",
+            ["key", "limit"],
+            registry=self.registry,
+        )
+
+    def watch_backends(self, read: BackendReadings) -> Collector:
+        """Export per-backend load and capacity, read from `read` at each scrape; the lifespan
+        unregisters the returned collector when it ends."""
+        collector = _BackendCollector(read)
+        self.registry.register(collector)
+        return collector
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+class _BackendCollector(Collector):
+    """`ocrvl_backend_*{backend}` gauges, read from the pool when Prometheus scrapes."""
+
+    def __init__(self, read: BackendReadings) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        families = {
+            name: GaugeMetricFamily(f"ocrvl_backend_{name}", text, labels=["backend"])
+            for name, text in BACKEND_GAUGES.items()
+        }
+        for url, readings in self._read():
+            for name, value in readings.items():
+                families[name].add_metric([url], value)
+        yield from families.values()

@@ -28,20 +28,25 @@ from app.errors import (
     GatewayError,
     UpstreamError,
 )
+from app.scheduling import Lease, Scheduler
 
 ERROR_BODY_LIMIT = 64 * 1024  # enough for any vLLM error; a runaway body is cut
 # vLLM writes compact JSON; a byte search finds a cut-off answer without parsing the body.
 TRUNCATED = b'"finish_reason":"length"'
+MAX_REPLAYS = 1  # answers broken before their first byte reached the client, replayed elsewhere
+# The backend went away while answering (killed, restarted): the page may go elsewhere.
+BROKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
 class Relay:
-    """Sends chat requests to the backends and relays the answers."""
+    """Sends chat requests to the backends the scheduler grants and relays the answers."""
 
     def __init__(
         self,
         client: httpx.AsyncClient,
         transport: httpx.AsyncBaseTransport,
         pool: BackendPool,
+        scheduler: Scheduler,
         *,
         backend_key: str | None,
         request_timeout: float,
@@ -52,6 +57,7 @@ class Relay:
         self._transport = transport
         self._timeouts = client.timeout.as_dict()
         self._pool = pool
+        self._scheduler = scheduler
         self._auth = {"authorization": f"Bearer {backend_key}"} if backend_key else {}
         self._timeout = request_timeout
         self._max_pixels = max_pixels
@@ -62,25 +68,25 @@ class Relay:
         """Relay `chat` and answer with the backend's response, streamed or whole."""
         deadline = time.monotonic() + self._timeout - context.elapsed()
         async with guarded(receive, deadline, self._timeout, context):
-            backend, upstream = await self._open(chat, served, context)
-            if chat.stream:  # from here the stream guards itself
-                return RelayStream(upstream, backend, context, deadline, self._timeout)
-            try:
-                body = await _read(upstream, context)
-            finally:
-                await upstream.aclose()
-                backend.in_flight -= 1
-        context.truncated = TRUNCATED in body
+            lease, upstream, head, rest = await self._answer(chat, served, context)
+            if rest is not None:  # a stream: from here it guards itself
+                return RelayStream(
+                    upstream, (head, rest), lease, context, deadline=deadline, timeout=self._timeout
+                )
+        context.truncated = TRUNCATED in head
         media_type = upstream.headers.get("content-type", "application/json")
-        return Response(body, status_code=upstream.status_code, media_type=media_type)
+        return Response(head, status_code=upstream.status_code, media_type=media_type)
 
-    async def _open(
+    async def _answer(
         self, chat: ChatRequest, served: str, context: RequestContext
-    ) -> tuple[Backend, httpx.Response]:
-        """Send to the least busy healthy backend; fail over only while nothing was sent."""
-        candidates = self._pool.candidates(served)
-        if not candidates:
-            raise self._pool.unavailable(f"no healthy backend serves {served!r}")
+    ) -> tuple[Lease, httpx.Response, bytes, AsyncIterator[bytes] | None]:
+        """The upstream response and its first bytes: the whole body, or a stream's first chunk.
+
+        Until then nothing has reached the client, so a backend that refuses the connection, or
+        breaks before answering (killed, restarted), costs the client nothing: the request moves
+        to another backend (a broken answer is replayed once: a page that crashes engines must
+        not take them all down). A non-streaming answer's slot is released here.
+        """
         body = chat.for_backend(served, self._max_pixels)
         headers = {
             "content-type": "application/json",
@@ -88,45 +94,69 @@ class Relay:
             "x-request-id": context.request_id,
             **self._auth,
         }
-        failures = []
-        for backend in candidates:
-            request = httpx.Request(
-                "POST",
-                f"{backend.url}/v1/chat/completions",
-                content=body,
-                headers=headers,
-                extensions={"timeout": self._timeouts},
-            )
+        tried: set[str] = set()
+        failures: list[str] = []
+        replays = 0
+        while True:
+            lease = await self._admit(served, context, frozenset(tried), failures)
+            backend = lease.backend
             context.backend = backend.url
-            started = time.perf_counter()
+            upstream = None
             try:
-                upstream = await self._transport.handle_async_request(request)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                backend.mark_down(describe(exc))
-                failures.append(f"{backend.url}: {describe(exc)}")
-                context.upstream_error = "connect"
-                continue
+                upstream = await self._send(backend, body, headers, context)
+                if upstream.status_code >= 400:
+                    raise await _rejection(upstream, context)  # noqa: TRY301 (closed below)
+                head, rest = await _head(upstream, context, whole=not chat.stream)
             except httpx.HTTPError as exc:
-                context.upstream_error = "transport"
-                raise BackendUnavailable(f"backend {backend.url} failed: {describe(exc)}") from exc
-            finally:
-                context.upstream_seconds += time.perf_counter() - started
-            backend.in_flight += 1
-            if upstream.status_code >= 400:
-                await self._reject(upstream, backend, context)
-            return backend, upstream
-        raise BackendUnavailable("could not connect to any backend: " + "; ".join(failures))
+                await _close(upstream, lease)
+                refused = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+                context.upstream_error = "connect" if refused else "transport"
+                if not refused and (not isinstance(exc, BROKEN) or replays >= MAX_REPLAYS):
+                    raise BackendUnavailable(
+                        f"backend {backend.url} failed: {describe(exc)}"
+                    ) from exc
+                replays += not refused
+                backend.mark_down(describe(exc) if refused else f"broke: {describe(exc)}")
+                failures.append(f"{backend.url}: {describe(exc)}")
+                tried.add(backend.url)
+                continue
+            except BaseException:
+                await _close(upstream, lease)
+                raise
+            if rest is None:
+                await _close(upstream, lease)
+            return lease, upstream, head, rest
 
-    async def _reject(
-        self, upstream: httpx.Response, backend: Backend, context: RequestContext
-    ) -> None:
+    async def _admit(
+        self, served: str, context: RequestContext, tried: frozenset[str], failures: list[str]
+    ) -> Lease:
+        """A slot from the scheduler (waiting in its queue if need be), or why there is none."""
+        started = time.perf_counter()
         try:
-            raw = await _read(upstream, context, limit=ERROR_BODY_LIMIT)
+            lease = await self._scheduler.acquire(served, context.key_name or "anonymous", tried)
         finally:
-            await upstream.aclose()
-            backend.in_flight -= 1
-        context.upstream_error = f"status_{upstream.status_code // 100}xx"
-        raise backend_error(upstream.status_code, raw)
+            context.queued_seconds += time.perf_counter() - started
+        if lease is not None:
+            return lease
+        if failures:
+            raise BackendUnavailable("could not connect to any backend: " + "; ".join(failures))
+        raise self._pool.unavailable(f"no healthy backend serves {served!r}")
+
+    async def _send(
+        self, backend: Backend, body: bytes, headers: dict[str, str], context: RequestContext
+    ) -> httpx.Response:
+        request = httpx.Request(
+            "POST",
+            f"{backend.url}/v1/chat/completions",
+            content=body,
+            headers=headers,
+            extensions={"timeout": self._timeouts},
+        )
+        started = time.perf_counter()
+        try:
+            return await self._transport.handle_async_request(request)
+        finally:
+            context.upstream_seconds += time.perf_counter() - started
 
 
 class RelayStream(Response):
@@ -135,8 +165,10 @@ class RelayStream(Response):
     def __init__(
         self,
         upstream: httpx.Response,
-        backend: Backend,
+        chunks: tuple[bytes, AsyncIterator[bytes]],
+        lease: Lease,
         context: RequestContext,
+        *,
         deadline: float,
         timeout: float,
     ) -> None:
@@ -150,7 +182,8 @@ class RelayStream(Response):
             }
         )
         self._upstream = upstream
-        self._backend = backend
+        self._head, self._rest = chunks
+        self._lease = lease
         self._context = context
         self._deadline = deadline
         self._timeout = timeout
@@ -170,16 +203,20 @@ class RelayStream(Response):
         except ClientClosed:
             self._context.status = CLIENT_CLOSED
         finally:
-            await self._upstream.aclose()
-            self._backend.in_flight -= 1
+            await _close(self._upstream, self._lease)
 
     async def _pump(self, send: Send) -> GatewayError | None:
         """Copy upstream chunks to the client; a broken upstream becomes the returned error."""
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
-        chunks = self._upstream.aiter_raw()
+        chunk, self._head = self._head, b""
+        chunks = self._rest
         while True:
+            if TRUNCATED in chunk:
+                self._context.truncated = True
+            if chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
             started = time.perf_counter()
             try:
                 chunk = await anext(chunks)
@@ -190,28 +227,46 @@ class RelayStream(Response):
                 return UpstreamError(f"the backend's stream broke: {describe(exc)}")
             finally:
                 self._context.upstream_seconds += time.perf_counter() - started
-            if TRUNCATED in chunk:
-                self._context.truncated = True
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
 
-async def _read(
-    upstream: httpx.Response, context: RequestContext, limit: int | None = None
-) -> bytes:
+async def _head(
+    upstream: httpx.Response, context: RequestContext, *, whole: bool
+) -> tuple[bytes, AsyncIterator[bytes] | None]:
+    """The whole body, or a stream's first chunk and the iterator of the rest."""
+    started = time.perf_counter()
+    try:
+        chunks = upstream.aiter_raw()
+        if not whole:
+            return await anext(chunks, b""), chunks
+        body = [chunk async for chunk in chunks]
+        return (body[0] if len(body) == 1 else b"".join(body)), None
+    finally:
+        context.upstream_seconds += time.perf_counter() - started
+
+
+async def _rejection(upstream: httpx.Response, context: RequestContext) -> BackendRejected:
+    """The backend's error status and body as the error to answer (body read up to a cap)."""
     started = time.perf_counter()
     try:
         chunks, size = [], 0
         async for chunk in upstream.aiter_raw():
             chunks.append(chunk)
             size += len(chunk)
-            if limit is not None and size >= limit:
+            if size >= ERROR_BODY_LIMIT:
                 break
-        return b"".join(chunks)
-    except httpx.HTTPError as exc:
-        context.upstream_error = "transport"
-        raise BackendUnavailable(f"backend {context.backend} failed: {describe(exc)}") from exc
     finally:
         context.upstream_seconds += time.perf_counter() - started
+    context.upstream_error = f"status_{upstream.status_code // 100}xx"
+    return backend_error(upstream.status_code, b"".join(chunks))
+
+
+async def _close(upstream: httpx.Response | None, lease: Lease) -> None:
+    """Close the upstream response (vLLM aborts an unfinished request) and free the slot."""
+    try:
+        if upstream is not None:
+            await upstream.aclose()
+    finally:
+        lease.release()
 
 
 @contextlib.asynccontextmanager

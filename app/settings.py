@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -9,6 +12,54 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """One `OCRVL_BACKENDS` entry: `URL[;capacity=N]` or `dns+URL[;capacity=N]`."""
+
+    url: str  # base URL, no trailing /v1; for a dns+ entry, the name whose records are backends
+    capacity: int | None = None  # pages served at once; None: learnt from the engine's /metrics
+    discover: bool = False  # dns+: every A/AAAA record of the URL's host is a backend
+
+    @classmethod
+    def parse(cls, entry: str) -> BackendSpec:
+        """Read one entry; ValueError naming the entry and the expected syntax."""
+        url, *options = (part.strip() for part in entry.split(";"))
+        discover = url.startswith("dns+")
+        url = url.removeprefix("dns+")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(
+                "OCRVL_BACKENDS entries must be http:// or https:// base URLs (or "
+                "dns+http://NAME:PORT for every address of NAME), optionally followed by "
+                f";capacity=N; got {entry!r}"
+            )
+        capacity = None
+        for option in options:
+            name, _, value = option.partition("=")
+            if name.strip() != "capacity" or not value.strip().isdigit() or int(value) < 1:
+                raise ValueError(
+                    f"OCRVL_BACKENDS entry {entry!r}: the only option is ;capacity=N with N >= 1 "
+                    f"(pages the backend serves at once); got {option!r}"
+                )
+            capacity = int(value)
+        return cls(url.rstrip("/").removesuffix("/v1"), capacity, discover)
+
+
+def split_host_port(value: str, default_port: int) -> tuple[str, int]:
+    """`HOST`, `HOST:PORT`, `[V6]:PORT` or a bare IPv6 address; ValueError saying which form."""
+    host, port = value.strip(), str(default_port)
+    if host.startswith("["):
+        host, bracket, rest = host[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            host = ""  # "[::1" or "[::1]x"
+        elif rest:
+            port = rest[1:]
+    elif host.count(":") == 1:
+        host, port = host.split(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST, HOST:PORT or [IPV6]:PORT; got {value!r}")
+    return host, int(port)
 
 
 def _split_csv(value: object) -> object:
@@ -22,9 +73,10 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="OCRVL_", extra="ignore")
 
-    backends: Annotated[list[str], NoDecode] = Field(
+    backends: Annotated[list[BackendSpec], NoDecode] = Field(
         default_factory=list,
-        description="Comma-separated base URLs of vLLM OpenAI servers.",
+        description="Comma-separated vLLM base URLs, each optionally `;capacity=N`; "
+        "`dns+http://NAME:PORT` makes every address of NAME a backend.",
     )
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list, description="Comma-separated accepted client keys."
@@ -45,8 +97,35 @@ class Settings(BaseSettings):
         description="Cap on a request's mm_processor_kwargs.max_pixels: PaddleOCR-VL's own "
         "maximum (1,280 visual tokens), which the vLLM profiles size the encoder budget for.",
     )
+    dns_server: str | None = Field(
+        default=None,
+        description="`IP[:PORT]` of the DNS server that resolves `dns+` backends; "
+        "unset: the system's (/etc/resolv.conf, with its search domains).",
+    )
     health_interval: float = Field(
         default=5.0, gt=0, description="Seconds between backend health probes."
+    )
+    admission: Literal["on", "off"] = Field(
+        default="on",
+        description="on: a request waits in the fair queue when every backend is at capacity; "
+        "off: every request goes straight to the least loaded backend (vLLM queues it).",
+    )
+    queue_size: int = Field(
+        default=1024,
+        ge=0,
+        description="Requests that may wait for a backend slot; one more is shed with 503.",
+    )
+    queue_timeout: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds a request may wait for a slot before a 503; a request whose "
+        "expected wait (queue ahead / observed service rate) is longer is shed at once.",
+    )
+    metrics_interval: float = Field(
+        default=1.0,
+        gt=0,
+        description="Seconds between reads of each engine's /metrics (load-aware routing) "
+        "and re-probes of unhealthy backends.",
     )
     max_connections: int = Field(
         default=1024, gt=0, description="Upstream connection pool size (all backends)."
@@ -56,24 +135,96 @@ class Settings(BaseSettings):
         gt=0,
         description="Idle upstream connections are dropped after this; below vLLM's 5 s.",
     )
+    # -- documents (/v1/ocr) and remote images (docs/ocr.md) --
+    preprocess_workers: int = Field(
+        default_factory=lambda: max(len(os.sched_getaffinity(0)) - 1, 1),
+        gt=0,
+        description="Processes that rasterise, resize and encode pages (default cores - 1).",
+    )
+    ocr_page_concurrency: int = Field(
+        default=8, gt=0, description="Pages of one /v1/ocr request in flight at once."
+    )
+    max_pages: int = Field(default=200, gt=0, description="Pages one /v1/ocr request may ask for.")
+    max_file_bytes: int = Field(default=50 * MiB, gt=0, description="Size cap of a /v1/ocr file.")
+    max_page_pixels: int = Field(
+        default=60_000_000,
+        gt=0,
+        description="Pixels a page may have before resizing (decompression bombs are refused "
+        "from the header, before decoding); a PDF page counts at the requested dpi.",
+    )
+    ocr_min_pixels: int = Field(
+        default=112_896, gt=0, description="PaddleOCR-VL's min_pixels (144 visual tokens)."
+    )
+    media_fetch: Literal["on", "off"] = Field(
+        default="off",
+        description="on: the gateway fetches http(s) image URLs itself (SSRF-checked) and inlines "
+        "them; off: such URLs are refused with 400.",
+    )
+    allowed_media_domains: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="With media_fetch=on, the only hosts fetched (comma-separated; *.example.com "
+        "for subdomains); empty: any public host.",
+    )
+    media_max_bytes: int = Field(default=20 * MiB, gt=0)
+    media_fetch_timeout: float = Field(default=10.0, gt=0, description="Seconds for one fetch.")
+    media_allow_loopback: bool = Field(
+        default=False, description="Tests only: lets media fetches reach 127.0.0.1."
+    )
+    # -- per-key limits (docs/limits.md) --
+    key_rpm: int = Field(
+        default=0,
+        ge=0,
+        description="Requests per minute per key, for keys whose entry sets none; 0: unlimited.",
+    )
+    key_concurrency: int = Field(
+        default=0,
+        ge=0,
+        description="Requests in flight per key, for keys whose entry sets none; 0: unlimited "
+        "(PaddleOCR's client sends up to 200 pages at once).",
+    )
+    redis_url: SecretStr | None = Field(
+        default=None,
+        description="redis://[:PASSWORD@]HOST:PORT[/DB] (or rediss://): replicas share their "
+        "per-key limits there; unset or unreachable: each replica counts alone, in memory.",
+    )
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    @field_validator("backends", "api_keys", mode="before")
+    @field_validator("api_keys", "allowed_media_domains", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return _split_csv(value)
 
-    @field_validator("backends")
+    @field_validator("backends", mode="before")
     @classmethod
-    def _backend_urls(cls, value: list[str]) -> list[str]:
-        for url in value:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(
-                    f"OCRVL_BACKENDS entries must be http:// or https:// base URLs; got {url!r}"
-                )
-        return [url.rstrip("/").removesuffix("/v1") for url in value]
+    def _backend_specs(cls, value: object) -> object:
+        value = _split_csv(value)
+        if isinstance(value, list):
+            return [BackendSpec.parse(v) if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("dns_server")
+    @classmethod
+    def _dns_server(cls, value: str | None) -> str | None:
+        if value is not None:
+            host, _ = split_host_port(value, default_port=53)
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                raise ValueError(f"OCRVL_DNS_SERVER must be an IP address; got {value!r}") from None
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: SecretStr | None) -> SecretStr | None:
+        schemes = ("redis://", "rediss://", "unix://")
+        if value is not None and not value.get_secret_value().startswith(schemes):
+            raise ValueError(  # the URL itself is not repeated: it may hold a password
+                "OCRVL_REDIS_URL must start with redis://, rediss:// or unix:// "
+                "(e.g. redis://:PASSWORD@127.0.0.1:6379/0)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _backends_and_keys(self) -> Settings:

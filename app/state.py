@@ -11,8 +11,12 @@ from fastapi import Depends, Request
 from app.auth import Keyring
 from app.backends import BackendPool
 from app.context import RequestContext
+from app.documents.workers import Preprocessor
+from app.media import MediaPolicy
 from app.metrics import Metrics
 from app.proxy import Relay
+from app.quotas import Quotas
+from app.scheduling import Scheduler
 from app.settings import Settings
 
 
@@ -23,9 +27,13 @@ class Gateway:
     settings: Settings
     client: httpx.AsyncClient
     pool: BackendPool
+    scheduler: Scheduler
     relay: Relay
     keyring: Keyring | None  # None: OCRVL_AUTH=off
     metrics: Metrics
+    quotas: Quotas
+    documents: Preprocessor  # the page preprocessing process pool (/v1/ocr)
+    media: MediaPolicy  # remote image URLs: refused, or fetched under the SSRF rules
 
 
 class State(TypedDict):

@@ -1,6 +1,8 @@
 """Produce the `vllm serve` flag set of an older vLLM from that version's own source.
 
-    python scripts/vllm_flagset.py 0.19.1
+    python scripts/vllm_flagset.py 0.19.1                      # sdist from PyPI
+    python scripts/vllm_flagset.py 0.23.0 --wheel WHEEL.whl    # a wheel already here
+    python scripts/vllm_flagset.py 0.32.0 --installed          # this venv's own vLLM
 
 How: the version's sdist (`vllm-X.Y.Z.tar.gz`) comes from PyPI's simple index (the JSON API pip
 itself reads; `pip download` cannot fetch it without building CUDA extensions) and its sha256 is
@@ -12,6 +14,11 @@ does) and writes every option's kind, type, choices and enum values. Third-party
 version imports but this venv lacks are installed into the temporary folder (`pip install
 --target`, at the version the old requirements pin). The result goes to
 `app/profiles/data/flagsets/vllm-X.Y.Z.json`; commit it.
+
+`--wheel` takes the `vllm/` package from a wheel instead (e.g. the GPU wheel set of
+../shared/gpu/fetch_wheels.sh, downloaded with pip), leaving its compiled extensions behind;
+`--installed` reads the vLLM this venv runs (the CPU build of the same version: the serve parser
+is the same Python code on every platform).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import sys
 import tarfile
 import tempfile
 import urllib.request
+import zipfile
+from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,6 +77,23 @@ def unpack(archive: Path, version: str, folder: Path) -> list[str]:
     stub.mkdir()
     (stub / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
     return [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+
+
+def unpack_wheel(wheel: Path, version: str, folder: Path) -> list[str]:
+    """Unpack the wheel's pure-Python `vllm/` and a CPU metadata stub; its requirements."""
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if name.startswith("vllm/") and not name.endswith(".so"):
+                archive.extract(name, folder)
+        metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = archive.read(metadata).decode().splitlines()
+    stub = folder / f"vllm-{version}+cpu.dist-info"
+    stub.mkdir()
+    (stub / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
+    requires = [
+        line.removeprefix("Requires-Dist: ") for line in lines if line.startswith("Requires")
+    ]
+    return [r.split(";")[0].strip() for r in requires if "extra ==" not in r]
 
 
 def pinned(package: str, requirements: list[str]) -> str:
@@ -118,17 +144,38 @@ def dump(version: str, folder: Path, out: Path, source: str, requirements: list[
     sys.exit("too many missing modules; giving up")
 
 
+def installed(version: str, out: Path) -> None:
+    """Extract the flag set of the vLLM this venv runs, which must be `version`."""
+    found = metadata.version("vllm")
+    if found.split("+")[0] != version:
+        sys.exit(f"this venv runs vLLM {found}, not {version}")
+    command = [sys.executable, "-m", "app.profiles.flagsets", str(out)]
+    command += ["--source", f"vllm {found} (the project venv's, `make venv`)"]
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_TARGET_DEVICE": "cpu"}
+    subprocess.run(command, env=environment, check=True)  # noqa: S603 - our own module
+
+
 def main() -> None:
     """Download, unpack, extract, write."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("version", help="vLLM version, e.g. 0.19.1")
+    origin = parser.add_mutually_exclusive_group()
+    origin.add_argument("--wheel", type=Path, help="take vLLM's source from this wheel")
+    origin.add_argument("--installed", action="store_true", help="this venv's own vLLM")
     args = parser.parse_args()
     out = OUT_DIR / f"vllm-{args.version}.json"
+    if args.installed:
+        installed(args.version, out)
     with tempfile.TemporaryDirectory(prefix="vllm-flagset-") as tmp:
         folder = Path(tmp)
-        archive, source = sdist(args.version, folder)
-        requirements = unpack(archive, args.version, folder)
-        dump(args.version, folder, out, source, requirements)
+        if args.wheel:
+            requirements = unpack_wheel(args.wheel, args.version, folder)
+            digest = hashlib.sha256(args.wheel.read_bytes()).hexdigest()
+            dump(args.version, folder, out, f"{args.wheel.name} (sha256 {digest})", requirements)
+        elif not args.installed:
+            archive, source = sdist(args.version, folder)
+            requirements = unpack(archive, args.version, folder)
+            dump(args.version, folder, out, source, requirements)
     flags = json.loads(out.read_text())["flags"]
     print(f"wrote {out.relative_to(ROOT)}: {len(flags)} options of `vllm serve` {args.version}")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.auth import KeyFile, KeyFileError, Keyring
+from app.auth import KeyFile, KeyFileError, KeyLimits, Keyring
 from app.main import create_app
 from tests.conftest import CLIENT_KEY, settings_for
 from tests.support.fake_backend import SERVED, FakeVLLM
@@ -145,3 +145,39 @@ async def test_gateway_accepts_keys_from_the_file(fake: FakeVLLM, tmp_path: Path
 def test_unused_httpx_import_guard() -> None:
     """httpx is the client the tests use; its presence is part of the dev environment."""
     assert httpx.__version__
+
+
+def test_key_limits_are_stored_edited_and_reset(tmp_path: Path) -> None:
+    """`rpm`/`concurrency` live in the key's entry; edits keep other fields and other keys."""
+    path = tmp_path / "keys.json"
+    keys = KeyFile(path)
+    key = keys.create("team", KeyLimits(rpm=600, concurrency=32))
+    keys.create("other")
+    keys.set_limits("team", KeyLimits(rpm=100))
+    entries = {e.name: e.limits for e in keys.read()}
+    assert entries == {"team": KeyLimits(100, 32), "other": KeyLimits()}
+    keys.set_limits("team", KeyLimits(), clear=["concurrency"])
+    stored = json.loads(path.read_text())["keys"]
+    assert stored[0].keys() == {"name", "sha256", "created", "rpm"}  # `created` survives edits
+    assert "created" in stored[1]
+    assert Keyring([], path).name_of(key) == "team"
+    assert Keyring([], path).limits_of("team") == KeyLimits(rpm=100)
+    assert Keyring([], path).limits_of("env#1") == KeyLimits()
+
+
+@pytest.mark.parametrize("value", [-1, "10", 1.5, True])
+def test_invalid_limits_in_the_file_are_a_clear_error(tmp_path: Path, value: object) -> None:
+    """A limit that is not a whole number >= 0 names the key and the field."""
+    path = tmp_path / "keys.json"
+    KeyFile(path).create("team")
+    raw = json.loads(path.read_text())
+    raw["keys"][0]["rpm"] = value
+    path.write_text(json.dumps(raw))
+    with pytest.raises(KeyFileError, match="'team': rpm must be an integer >= 0"):
+        KeyFile(path).read()
+
+
+def test_editing_an_unknown_key_is_refused(tmp_path: Path) -> None:
+    """`keys set` on a name that is not in the file says so."""
+    with pytest.raises(KeyFileError, match="no key named 'ghost'"):
+        KeyFile(tmp_path / "keys.json").set_limits("ghost", KeyLimits(rpm=1))

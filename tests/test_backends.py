@@ -9,6 +9,7 @@ import pytest
 
 from app.backends import Backend, BackendPool
 from app.main import create_app
+from app.settings import BackendSpec
 from tests.conftest import settings_for
 from tests.support.fake_backend import SERVED, FakeVLLM
 from tests.support.servers import free_port, lifespan_client
@@ -50,7 +51,7 @@ async def test_wrong_backend_key_shows_in_readiness(fake: FakeVLLM) -> None:
         return httpx.Response(401, json={"error": "Unauthorized"})
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as client:
-        pool = BackendPool(["http://backend"], client, {}, timeout=1)
+        pool = BackendPool([BackendSpec("http://backend")], client, {}, timeout=1)
         await pool.probe_all()
     assert pool.healthy() == []
     assert "check OCRVL_BACKEND_API_KEY" in pool.problems()

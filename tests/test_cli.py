@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 OCRVL = str(Path(sys.executable).parent / "ocrvl")
 
 
@@ -49,3 +51,35 @@ def test_keys_create_prints_the_key_once_and_stores_its_hash(tmp_path: Path) -> 
     again = run("keys", "create", "alice", "--file", str(path))
     assert again.returncode == 2
     assert "exists already" in again.stderr
+
+
+def test_keys_limits_are_created_edited_and_listed(tmp_path: Path) -> None:
+    """`keys create --rpm/--concurrency`, `keys set` (a number, 0 or `default`), `keys list`."""
+    path = str(tmp_path / "keys.json")
+    created = run("keys", "create", "team", "--rpm", "600", "--concurrency", "32", "--file", path)
+    assert created.returncode == 0, created.stderr
+    assert run("keys", "set", "team", "--rpm", "0", "--file", path).returncode == 0
+    assert run("keys", "set", "team", "--concurrency", "default", "--file", path).returncode == 0
+    listing = run("keys", "list", "--file", path)
+    assert listing.stdout.splitlines()[1].split() == ["team", "unlimited", "default"]
+    assert json.loads(Path(path).read_text())["keys"][0]["sha256"] not in listing.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("set", "team"), "give --rpm and/or --concurrency"),
+        (("set", "team", "--rpm", "-5"), "expected a number >= 0 or 'default'"),
+        (("create", "new", "--rpm", "default"), "expected a number >= 0"),
+        (("set", "ghost", "--rpm", "1"), "no key named 'ghost'"),
+    ],
+)
+def test_keys_limit_mistakes_are_refused(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    """Bad limit arguments exit 2 with a message saying what is expected."""
+    path = str(tmp_path / "keys.json")
+    run("keys", "create", "team", "--file", path)
+    result = run("keys", *args, "--file", path)
+    assert result.returncode == 2
+    assert message in result.stderr

@@ -15,7 +15,7 @@ def test_reads_comma_separated_lists(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OCRVL_BACKENDS", "http://a:8118/v1, http://b:8118/")
     monkeypatch.setenv("OCRVL_API_KEYS", "k1,k2")
     settings = Settings()
-    assert settings.backends == ["http://a:8118", "http://b:8118"]
+    assert [b.url for b in settings.backends] == ["http://a:8118", "http://b:8118"]
     assert [k.get_secret_value() for k in settings.api_keys] == ["k1", "k2"]
     assert "k1" not in repr(settings)
 
@@ -66,3 +66,16 @@ def test_no_backend_configured_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OCRVL_BACKENDS", "")
     with pytest.raises(ValidationError, match="OCRVL_BACKENDS is empty"):
         Settings()
+
+
+def test_redis_url_scheme_is_checked_without_echoing_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong OCRVL_REDIS_URL is refused with the expected form; the message `ocrvl serve`
+    prints does not repeat the URL, which may hold a password."""
+    monkeypatch.setenv("OCRVL_AUTH", "off")
+    monkeypatch.setenv("OCRVL_BACKENDS", "http://vllm:8118")
+    monkeypatch.setenv("OCRVL_REDIS_URL", "http://:pa55word@redis:6379")
+    with pytest.raises(ValidationError, match="redis://") as caught:
+        Settings()
+    assert "pa55word" not in caught.value.errors()[0]["msg"]
+    monkeypatch.setenv("OCRVL_REDIS_URL", "redis://:pa55word@redis:6379/0")
+    assert "pa55word" not in repr(Settings())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +153,11 @@ class Checker:
             self._parser = self._factory()
         return self._parser
 
-    def check(self, path: Path, profile: str | None = None) -> list[Finding]:
-        """Every finding for one file; `profile` overrides the name taken from the file name."""
+    def check(
+        self, path: Path, profile: str | None = None, vllm_version: str | None = None
+    ) -> list[Finding]:
+        """Every finding for one file; `profile` overrides the name taken from the file name,
+        `vllm_version` the version compose/gpu-profiles.yml gives it."""
         try:
             config = yaml.safe_load(path.read_text())
         except (OSError, yaml.YAMLError) as exc:
@@ -165,6 +168,8 @@ class Checker:
         target = self.targets.get(name)
         if target is None:
             return [Finding(path, None, f"no service {name!r} in compose/gpu-profiles.yml")]
+        if vllm_version:
+            target = replace(target, vllm_version=vllm_version)
         card = card_for_profile(name)
         if card is None and name != CPU_PROFILE:
             return [

@@ -87,7 +87,7 @@ def _check(args: argparse.Namespace) -> int:
         return 2
     errors = 0
     for path in files:
-        findings = checker.check(path, args.profile)
+        findings = checker.check(path, args.profile, args.vllm_version)
         for finding in findings:
             print(finding, file=sys.stderr if finding.error else sys.stdout)
         failed = sum(finding.error for finding in findings)
@@ -130,6 +130,11 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     check_parser.add_argument("files", nargs="*", help="default: vllm_configs/*.yaml")
     check_parser.add_argument(
         "--profile", help="the profile a single file is for (default: its name)"
+    )
+    check_parser.add_argument(
+        "--vllm-version",
+        help="check against this vLLM's stored flag set instead of the compose label's "
+        "(e.g. 0.23.0 for a host whose torch pins it)",
     )
     _add_model_config(check_parser)
     check_parser.set_defaults(func=_check)

@@ -6,8 +6,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app import catalog, chat
-from app.auth import KeyName
 from app.errors import PayloadTooLarge
+from app.quotas import Admitted
 from app.state import Context, GatewayDep
 
 router = APIRouter()
@@ -35,12 +35,13 @@ async def read_body(request: Request, limit: int) -> bytes:
 @router.post("/chat/completions", include_in_schema=False)
 async def chat_completions(
     request: Request,
-    _: KeyName,
+    _: Admitted,
     gateway: GatewayDep,
     context: Context,
 ) -> Response:
     """Relay a chat completion to a healthy backend serving the requested model."""
     parsed = chat.parse(await read_body(request, gateway.settings.max_body_bytes))
+    parsed = await gateway.media.inline_chat(parsed)  # vLLM never fetches a URL (docs/ocr.md)
     context.model, context.stream = parsed.model, parsed.stream
     served_models = gateway.pool.require_models(f"to serve {parsed.model!r}")
     context.served_model = catalog.resolve(parsed.model, served_models)

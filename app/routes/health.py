@@ -24,7 +24,11 @@ async def ready(gateway: GatewayDep) -> dict[str, Any]:
     healthy = gateway.pool.healthy()
     if not healthy:
         raise gateway.pool.unavailable("no backend is healthy")
-    return {"status": "ready", "backends": [backend.url for backend in healthy]}
+    return {
+        "status": "ready",
+        "backends": [backend.url for backend in healthy],
+        "limits": {"storage": gateway.quotas.storage()},  # a Redis outage is not a 503
+    }
 
 
 @router.get("/metrics")

@@ -1,8 +1,8 @@
 """The gateway's Dockerfile, read with BuildKit's own parser (the `dockerfile` package).
 
-No Docker engine runs here, so the image is never built in these tests; what can be checked
-without one is: the instructions, the build context they need, and the HEALTHCHECK command run
-against a real gateway.
+These checks need no engine: the instructions, the build context they need, and the
+HEALTHCHECK command run against a real gateway. The docker tier (tests/deploy/docker/) builds
+the image and checks the result in a running container.
 """
 
 from __future__ import annotations
@@ -48,10 +48,15 @@ def test_runtime_stage_runs_ocrvl_serve_as_a_non_root_user() -> None:
     assert env["OCRVL_HOST"] == "0.0.0.0"  # noqa: S104 (inside the container's own network)
 
 
+def build_args() -> dict[str, str]:
+    """The Dockerfile's ARGs and their defaults."""
+    args = [command.value[0] for command in COMMANDS if command.cmd == "ARG"]
+    return dict(arg.split("=", 1) for arg in args)
+
+
 def test_base_image_is_a_slim_python_matching_requires_python() -> None:
     """Both stages start from the same slim CPython, one the project supports."""
-    arg = only(list(COMMANDS), "ARG").value[0]
-    image = arg.split("=", 1)[1]
+    image = build_args()["PYTHON_IMAGE"]
     assert image.startswith("python:")
     assert "-slim" in image
     version = image.removeprefix("python:").split("-")[0]
@@ -61,10 +66,17 @@ def test_base_image_is_a_slim_python_matching_requires_python() -> None:
 
 
 def test_only_runtime_dependencies_are_installed() -> None:
-    """The build installs the project itself (no dev group, no extras) and leaves no pip behind."""
+    """The build installs the project itself (no dev group, no extras) from an index, or from
+    wheelhouse/ alone with PIP_NO_INDEX=1, and leaves no pip behind; the runtime stage copies
+    only the venv."""
+    assert build_args()["PIP_NO_INDEX"] == "0"
     runs = [command.value[0] for command in COMMANDS if command.cmd == "RUN"]
     installs = [run for run in runs if "pip install" in run]
-    assert installs == ["/opt/ocrvl/bin/pip install . && /opt/ocrvl/bin/pip uninstall --yes pip"]
+    assert installs == [
+        "python -m venv /opt/ocrvl"
+        "     && /opt/ocrvl/bin/pip install --no-compile /src"
+        "     && /opt/ocrvl/bin/pip uninstall --yes pip setuptools"
+    ]
     copied = only(final_stage(), "COPY")
     assert copied.flags == ("--from=build",)
     assert copied.value == ("/opt/ocrvl", "/opt/ocrvl")
@@ -101,21 +113,23 @@ def ignored(path: str) -> bool:
     return verdict
 
 
-def test_build_context_holds_what_the_copies_and_the_build_need() -> None:
-    """Every COPY source exists and survives .dockerignore; tests, venvs and caches stay out."""
+def test_build_context_holds_the_project_and_wheelhouse_only() -> None:
+    """The one COPY takes the whole context, which .dockerignore narrows to the package's
+    sources and wheelhouse/; tests, venvs, caches and keys stay out."""
     sources = [
         source
         for command in COMMANDS
         if command.cmd == "COPY" and not command.flags
         for source in command.value[:-1]
     ]
-    assert sources == ["pyproject.toml", "README.md", "app"]
-    for source in sources:
-        assert (ROOT / source).exists(), source
-        assert not ignored(source), source
-    assert not ignored("app/main.py")
-    for kept_out in (".venv", ".git", "tests/conftest.py", ".cache/tiny-model", "app/__pycache__"):
-        assert ignored(kept_out), kept_out
+    assert sources == ["."]
+    for kept_in in ("pyproject.toml", "README.md", "app/main.py", "wheelhouse/README.md"):
+        assert (ROOT / kept_in).exists(), kept_in
+        assert not ignored(kept_in), kept_in
+    kept_out = (".venv", ".git", "tests/conftest.py", ".cache/tiny-model", "app/__pycache__",
+                "secrets/api-keys.json", "docs/deploy.md", ".env")  # fmt: skip
+    for path in kept_out:
+        assert ignored(path), path
 
 
 def healthcheck_command() -> list[str]:

@@ -9,6 +9,10 @@ what it received and whether it saw the client (the gateway) disconnect. `mode` 
     broken_stream streams two chunks, then drops the connection
     status        answers `status` with `error_body`
     unhealthy     `/health` answers 503
+
+`delay` (seconds) holds every chat answer back that long: a backend busy with a long page, to be
+killed mid-request (`python -m tests.support.fake_backend PORT [DELAY [SERVED]]` runs one as a
+process of its own).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class FakeVLLM:
     status: int = 500
     error_body: bytes = b'{"error":{"message":"boom","type":"InternalServerError","code":500}}'
     served: str = SERVED
+    delay: float = 0.0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     disconnected: threading.Event = field(default_factory=threading.Event)
@@ -91,6 +96,8 @@ class FakeVLLM:
         self.bodies.append(payload)
         self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
         self.chat_started.set()
+        if self.delay:
+            await asyncio.sleep(self.delay)
         if self.mode == "status":
             await _raw(send, self.status, self.error_body)
         elif self.mode == "hang":
@@ -139,3 +146,16 @@ async def _raw(send: Send, status: int, body: bytes) -> None:
     start: Message = {"type": "http.response.start", "status": status, "headers": headers}
     await send(start)
     await send({"type": "http.response.body", "body": body})
+
+
+if __name__ == "__main__":
+    import sys
+
+    import uvicorn
+
+    port = int(sys.argv[1])
+    delay = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+    served = sys.argv[3] if len(sys.argv) > 3 else SERVED
+    uvicorn.run(
+        FakeVLLM(delay=delay, served=served), host="127.0.0.1", port=port, log_level="warning"
+    )

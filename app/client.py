@@ -1,0 +1,245 @@
+"""`ocrvl ocr FILE...`: send documents to a gateway's /v1/ocr and write the pages as they come.
+
+Imports only argparse at module level: `ocrvl --help` stays instant; httpx loads on use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+FORMATS = ("md", "json", "ndjson")
+
+
+def register(commands: Any) -> None:
+    """Add `ocr` to the `ocrvl` command tree."""
+    ocr = commands.add_parser(
+        "ocr",
+        help="read documents (images, PDFs) through a gateway's /v1/ocr",
+        description="Send each FILE to POST /v1/ocr and write its pages as they arrive. Exit "
+        "status 1 when a page failed, 2 when a request did.",
+    )
+    ocr.add_argument("files", nargs="+", metavar="FILE", type=Path)
+    ocr.add_argument("--task", default="ocr", help="ocr, table, formula, chart, spotting, seal")
+    ocr.add_argument("--pages", help='pages to read, e.g. "1-3,7" (default all)')
+    ocr.add_argument("--dpi", type=int, help="PDF rendering resolution (server default 144)")
+    ocr.add_argument("--max-tokens", type=int, help="output token cap per page")
+    ocr.add_argument("--model", help="model name (default: the first served model)")
+    ocr.add_argument(
+        "--out",
+        type=Path,
+        help="result file (.md, .json or .ndjson); a folder with several FILEs; default stdout",
+    )
+    ocr.add_argument("--format", choices=FORMATS, help="output format (default from --out, or md)")
+    ocr.add_argument(
+        "--url",
+        default=os.environ.get("OCRVL_URL", "http://127.0.0.1:8000"),
+        help="gateway base URL (default OCRVL_URL or http://127.0.0.1:8000)",
+    )
+    ocr.add_argument(
+        "--key", default=os.environ.get("OCRVL_API_KEY"), help="API key (default OCRVL_API_KEY)"
+    )
+    ocr.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read every file; the worst outcome decides the exit status."""
+    import httpx  # noqa: PLC0415 (lazy: `ocrvl --help` stays instant)
+
+    status = 0
+    headers = {"accept": "application/x-ndjson"}
+    if args.key:
+        headers["authorization"] = f"Bearer {args.key}"
+    timeout = httpx.Timeout(30.0, read=None)  # a page may take minutes to come back
+    with httpx.Client(base_url=args.url, headers=headers, timeout=timeout, trust_env=False) as http:
+        for file in args.files:
+            try:
+                status = max(status, _read_file(http, file, args))
+            except (OSError, httpx.HTTPError, RequestFailed) as exc:
+                print(f"ocrvl ocr: {file}: {exc}", file=sys.stderr)
+                status = 2
+    return status
+
+
+class RequestFailed(Exception):
+    """The gateway refused the document."""
+
+
+def _read_file(http: Any, file: Path, args: argparse.Namespace) -> int:
+    fields = {
+        name: str(value)
+        for name in ("task", "pages", "dpi", "max_tokens", "model")
+        if (value := getattr(args, name)) is not None
+    }
+    with file.open("rb") as handle, _output(file, args) as out:
+        files = {"file": (file.name, handle, "application/octet-stream")}
+        with http.stream("POST", "/v1/ocr", data=fields, files=files) as response:
+            if response.status_code != 200:
+                response.read()
+                raise RequestFailed(_error_message(response.status_code, response.content))
+            progress = Progress(file.name, sys.stderr)
+            for line in response.iter_lines():
+                if line.strip():
+                    _handle(json.loads(line), out, progress)
+            progress.finish()
+        return 1 if out.failed else 0
+
+
+def _handle(event: dict[str, Any], out: Writer, progress: Progress) -> None:
+    kind = event.get("object")
+    if kind == "ocr.document":
+        out.start(event)
+        progress.start(len(event["pages"]))
+    elif kind == "ocr.page":
+        out.add(event)
+        progress.step(failed="error" in event)
+    elif kind == "ocr.summary":
+        out.finish(event)
+
+
+def _error_message(status: int, body: bytes) -> str:
+    try:
+        return f"HTTP {status}: {json.loads(body)['error']['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {status}: {body[:300]!r}"
+
+
+def _output(file: Path, args: argparse.Namespace) -> Writer:
+    fmt = args.format
+    target: Path | None = args.out
+    if target is not None and len(args.files) > 1:
+        target.mkdir(parents=True, exist_ok=True)
+        target = target / f"{file.name}.{fmt or 'md'}"
+    if fmt is None:
+        suffix = target.suffix.lstrip(".") if target is not None else ""
+        fmt = suffix if suffix in FORMATS else "md"
+    return Writer(target, fmt, file.name)
+
+
+class Writer:
+    """Writes results as they arrive: markdown pages in order as soon as they are contiguous,
+    NDJSON lines at once, JSON rewritten whole (atomically) after every page."""
+
+    def __init__(self, path: Path | None, fmt: str, name: str) -> None:
+        self.path, self.fmt, self.name = path, fmt, name
+        self.failed = 0
+        self._pages: dict[int, dict[str, Any]] = {}
+        self._order: list[int] = []
+        self._written = 0  # markdown: pages of `_order` already out
+        self._head: dict[str, Any] = {}
+        self._stream: IO[str] = sys.stdout
+
+    def __enter__(self) -> Writer:
+        if self.path is not None and self.fmt != "json":
+            self._stream = self.path.open("w", encoding="utf-8")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._stream is not sys.stdout:
+            self._stream.close()
+        else:
+            self._stream.flush()
+
+    def start(self, head: dict[str, Any]) -> None:
+        """The document's page numbers, in order."""
+        self._head, self._order = head, list(head["pages"])
+        if self.fmt == "ndjson":
+            self._line(head)
+        self._save_json()
+
+    def add(self, page: dict[str, Any]) -> None:
+        """One page, in whatever order they finish."""
+        self.failed += "error" in page
+        self._pages[page["index"]] = page
+        if self.fmt == "ndjson":
+            self._line(page)
+        elif self.fmt == "json":
+            self._save_json()
+        else:
+            self._flush_markdown()
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """The summary line closes the document."""
+        if self.fmt == "ndjson":
+            self._line(summary)
+        self._save_json(summary.get("usage"))
+
+    def _line(self, value: dict[str, Any]) -> None:
+        self._stream.write(json.dumps(value, ensure_ascii=False) + "\n")
+        self._stream.flush()
+
+    def _flush_markdown(self) -> None:
+        while self._written < len(self._order) and self._order[self._written] in self._pages:
+            page = self._pages[self._order[self._written]]
+            if "error" in page:
+                text = f"<!-- page {page['index']} failed: {page['error']['message']} -->"
+            else:
+                text = page.get("html") or page.get("text") or ""
+            self._stream.write(("\n\n" if self._written else "") + text)
+            self._written += 1
+            if self._written == len(self._order):
+                self._stream.write("\n")
+            self._stream.flush()
+
+    def _save_json(self, usage: dict[str, Any] | None = None) -> None:
+        if self.fmt != "json":
+            return
+        pages = [self._pages[n] for n in self._order if n in self._pages]
+        document = {"file": self.name, "model": self._head.get("model"), "pages": pages}
+        if usage is not None:
+            document["usage"] = usage
+        text = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
+        if self.path is None:
+            if usage is not None:  # stdout cannot be rewritten: print it once, complete
+                self._stream.write(text)
+            return
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(self.path)  # readers never see half a file
+
+
+class Progress:
+    """`name [#####-----] 3/5 pages  1.2 pages/s` on a terminal; nothing otherwise."""
+
+    WIDTH = 24
+
+    def __init__(self, name: str, stream: IO[str]) -> None:
+        self.name, self.stream = name, stream
+        self.enabled = stream.isatty()
+        self.total = self.done = self.failed = 0
+        self.started = time.monotonic()
+
+    def start(self, total: int) -> None:
+        """The page count is known."""
+        self.total, self.started = total, time.monotonic()
+        self._draw()
+
+    def step(self, failed: bool) -> None:
+        """One more page is back."""
+        self.done += 1
+        self.failed += failed
+        self._draw()
+
+    def finish(self) -> None:
+        """End the bar's line."""
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def _draw(self) -> None:
+        if not self.enabled:
+            return
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        filled = self.WIDTH * self.done // max(self.total, 1)
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        failed = f"  {self.failed} failed" if self.failed else ""
+        self.stream.write(
+            f"\r{self.name} [{bar}] {self.done}/{self.total} pages  "
+            f"{self.done / elapsed:.2f} pages/s{failed}"
+        )
+        self.stream.flush()

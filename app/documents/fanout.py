@@ -1,0 +1,207 @@
+"""A document's pages to the backends: each page through the same relay as a chat request.
+
+Pages share the request's API key name (fairness by key), run at most
+OCRVL_OCR_PAGE_CONCURRENCY at a time, and come back as they finish. A page that fails carries
+its error; the others still come back. One task watches the client: once it has gone, every page
+still running is closed upstream and none is started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.types import Message, Receive
+
+from app.chat import ChatRequest
+from app.context import RequestContext
+from app.documents import otsl
+from app.documents.errors import DocumentError
+from app.documents.raster import RenderedPage, Source
+from app.documents.workers import Preprocessor
+from app.errors import ClientClosed, GatewayError, UpstreamError
+from app.proxy import Relay, until_disconnected
+
+log = logging.getLogger("ocrvl.documents")
+
+# The model's own task prompts (PaddleOCR-VL's model card and PaddleX's pipeline).
+PROMPTS = {
+    "ocr": "OCR:",
+    "table": "Table Recognition:",
+    "formula": "Formula Recognition:",
+    "chart": "Chart Recognition:",
+    "spotting": "Spotting:",
+    "seal": "Seal Recognition:",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OcrJob:
+    """What to read and how to ask for it."""
+
+    source: Source
+    pages: list[int]  # 0-based
+    task: str
+    model: str  # the served name
+    max_tokens: int | None
+
+
+@dataclass(slots=True)
+class PageResult:
+    """One page's answer, or its error."""
+
+    index: int  # 1-based page number, as in `pages`
+    text: str | None = None
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    html: str | None = None
+    error: GatewayError | None = field(default=None, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The page as the API shows it (`error` in OpenAI's shape, only when it failed)."""
+        shown: dict[str, Any] = {
+            "index": self.index,
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "usage": self.usage,
+        }
+        if self.html is not None:
+            shown["html"] = self.html
+        if self.error is not None:
+            shown["error"] = self.error.body()["error"]
+        return shown
+
+
+class Disconnect:
+    """The one reader of the client's `receive`; pages get `receive`, which only ever says that
+    the client has gone (concurrent pages must not read the real one)."""
+
+    def __init__(self, receive: Receive) -> None:
+        self.gone = asyncio.Event()
+        self._watcher = asyncio.create_task(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        await until_disconnected(receive)
+        self.gone.set()
+
+    async def receive(self) -> Message:
+        """Returns once the client has disconnected."""
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    def close(self) -> None:
+        """Stop watching."""
+        self._watcher.cancel()
+
+
+async def run_pages(
+    job: OcrJob,
+    *,
+    preprocessor: Preprocessor,
+    relay: Relay,
+    parent: RequestContext,
+    disconnect: Disconnect,
+    concurrency: int,
+) -> AsyncGenerator[PageResult]:
+    """Every page of `job`, as each finishes."""
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(index: int) -> PageResult:
+        async with slots:
+            if disconnect.gone.is_set():
+                return PageResult(index + 1, error=ClientClosed("the client closed the connection"))
+            return await _page(
+                job,
+                index,
+                preprocessor=preprocessor,
+                relay=relay,
+                parent=parent,
+                disconnect=disconnect,
+            )
+
+    tasks = [asyncio.create_task(one(index)) for index in job.pages]
+    try:
+        for finished in asyncio.as_completed(tasks):
+            yield await finished
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _page(
+    job: OcrJob,
+    index: int,
+    *,
+    preprocessor: Preprocessor,
+    relay: Relay,
+    parent: RequestContext,
+    disconnect: Disconnect,
+) -> PageResult:
+    number = index + 1
+    context = RequestContext(
+        request_id=f"{parent.request_id}-p{number}",
+        client_request_id=parent.client_request_id,
+        client_retry=parent.client_retry,
+        key_name=parent.key_name,
+        model=parent.model,
+        served_model=job.model,
+    )
+    try:
+        rendered = await preprocessor.render(job.source, index)
+        response = await relay.complete(
+            page_request(job, rendered), job.model, context, disconnect.receive
+        )
+        result = _read_answer(number, bytes(response.body), job.task)
+    except DocumentError as exc:
+        return PageResult(number, error=exc.as_gateway_error())
+    except GatewayError as exc:
+        if not isinstance(exc, ClientClosed):
+            log.warning(
+                "page %d failed: %s", number, exc.message, extra={"request_id": parent.request_id}
+            )
+        return PageResult(number, error=exc)
+    parent.truncated = parent.truncated or context.truncated
+    return result
+
+
+def page_request(job: OcrJob, page: RenderedPage) -> ChatRequest:
+    """The chat request for one page, shaped like PaddleOCR's own client's (shared/CLIENTS.md)."""
+    payload: dict[str, Any] = {
+        "model": job.model,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": page.url}},
+                    {"type": "text", "text": PROMPTS[job.task]},
+                ],
+            }
+        ],
+        "temperature": 0,
+        # the bounds the page was resized to: the engine's own resize then changes nothing
+        "mm_processor_kwargs": {
+            "min_pixels": job.source.min_pixels,
+            "max_pixels": job.source.max_pixels,
+        },
+    }
+    if job.max_tokens is not None:
+        payload["max_tokens"] = job.max_tokens
+    return ChatRequest(payload=payload, raw=orjson.dumps(payload), model=job.model, stream=False)
+
+
+def _read_answer(number: int, body: bytes, task: str) -> PageResult:
+    try:
+        answer = orjson.loads(body)
+        choice = answer["choices"][0]
+        text = choice["message"].get("content") or ""
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
+        raise UpstreamError(
+            f"the backend's answer is not a chat completion: {body[:200]!r}"
+        ) from None
+    html = otsl.to_html(text) if task == "table" and otsl.is_otsl(text) else None
+    return PageResult(number, text, choice.get("finish_reason"), answer.get("usage"), html)

@@ -1,0 +1,89 @@
+"""A page image as the model will see it: upright, RGB, resized by PaddleOCR-VL's own rule.
+
+`smart_resize` is the rule of PaddleOCR-VL's image processor, read in
+transformers 5.19 `models/paddleocr_vl/image_processing_paddleocr_vl.py` (`smart_resize`,
+lines 62-91) and vLLM 0.32 `model_executor/models/paddleocr_vl.py` (`smart_resize`, lines
+86-124; the same rule, minus transformers' `max(factor, ...)` guard that only matters past the
+200:1 aspect ratio both refuse). factor = patch_size 14 x spatial merge 2 = 28. Sending the
+page at exactly that size, with the same min/max pixels in `mm_processor_kwargs`, makes the
+engine's own resize a no-op: the gateway sends exactly the pixels the model uses.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+
+from PIL import Image, ImageOps
+
+from app.documents.errors import DocumentError
+
+FACTOR = 28  # patch_size 14 x merge_size 2 (preprocessor_config.json)
+MAX_ASPECT = 200
+# JPEG at quality 95: a 1 MP text page encodes ~6x faster than PNG and its data URL is a
+# fraction of the size (bench/preprocess measures both); PaddleOCR's own client sends JPEG.
+JPEG_QUALITY = 95
+
+
+def smart_resize(
+    height: int, width: int, min_pixels: int, max_pixels: int, factor: int = FACTOR
+) -> tuple[int, int]:
+    """(height, width), both multiples of `factor`, area within [min_pixels, max_pixels]."""
+    if height < factor:
+        width = round((width * factor) / height)
+        height = factor
+    if width < factor:
+        height = round((height * factor) / width)
+        width = factor
+    if max(height, width) / min(height, width) > MAX_ASPECT:
+        raise DocumentError(
+            f"a page of {width}x{height} pixels is over the model's {MAX_ASPECT}:1 aspect ratio; "
+            "crop it into parts",
+            "aspect_ratio",
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def upright_rgb(image: Image.Image) -> Image.Image:
+    """`image` turned by its EXIF orientation, transparency laid on white, in RGB."""
+    image = ImageOps.exif_transpose(image)
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, "white")
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def for_model(image: Image.Image, min_pixels: int, max_pixels: int) -> Image.Image:
+    """`image` upright, RGB, at the size the model's processor would resize it to."""
+    image = upright_rgb(image)
+    height, width = smart_resize(image.height, image.width, min_pixels, max_pixels)
+    if (width, height) != image.size:
+        image = image.resize((width, height), Image.Resampling.BICUBIC)  # the processor's resample
+    return image
+
+
+def encode(image: Image.Image, fmt: str = "JPEG") -> bytes:
+    """`image` as JPEG (quality 95) or PNG bytes."""
+    out = io.BytesIO()
+    if fmt == "JPEG":
+        image.save(out, format="JPEG", quality=JPEG_QUALITY)
+    else:
+        image.save(out, format=fmt)
+    return out.getvalue()
+
+
+def data_url(encoded: bytes, fmt: str = "JPEG") -> str:
+    """`encoded` as a base64 data: URL."""
+    return f"data:image/{fmt.lower()};base64,{base64.b64encode(encoded).decode('ascii')}"

@@ -1,0 +1,201 @@
+"""The `/v1/ocr` request: a file (multipart upload, base64, data URL or http(s) URL) and options."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import orjson
+from fastapi import Request
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+
+from app.documents.errors import DocumentError
+from app.documents.fanout import PROMPTS
+from app.documents.selection import PageSelection
+from app.errors import InvalidRequest, PayloadTooLarge
+
+DEFAULT_DPI = 144  # PaddleOCR's PDF reader renders at 2x 72 dpi
+DPI_RANGE = (36, 600)
+JSON_OVERHEAD = 64 * 1024  # options around the file in a JSON or multipart body
+
+
+@dataclass(frozen=True, slots=True)
+class OcrOptions:
+    """What the client asked for, checked."""
+
+    task: str = "ocr"
+    pages: PageSelection | None = None
+    dpi: int = DEFAULT_DPI
+    max_tokens: int | None = None
+    model: str | None = None
+    stream: bool = False
+
+
+@dataclass(slots=True)
+class Upload:
+    """The file as it arrived: upload, decoded bytes, or a URL still to fetch."""
+
+    options: OcrOptions
+    upload: UploadFile | None = None
+    data: bytes | None = None
+    url: str | None = None
+
+
+async def read_upload(request: Request, max_file_bytes: int) -> Upload:
+    """The request's file and options; 400/413 naming the field otherwise."""
+    content_type = request.headers.get("content-type", "").lower()
+    if content_type.startswith("multipart/form-data"):
+        limit = max_file_bytes + JSON_OVERHEAD
+        parser = MultiPartParser(
+            request.headers, _limited(request, limit), max_files=1, max_fields=16,
+            max_part_size=JSON_OVERHEAD,
+        )  # fmt: skip
+        try:
+            form = await parser.parse()
+        except MultiPartException as exc:
+            raise InvalidRequest(f"the multipart body cannot be read: {exc.message}") from None
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            await form.close()
+            raise InvalidRequest(
+                "`file` is required: a form field with the image or PDF", param="file"
+            )
+        fields = {k: v for k, v in form.multi_items() if isinstance(v, str)}
+        return Upload(parse_options(fields), upload=upload)
+    if content_type.startswith("application/json"):
+        limit = max_file_bytes * 4 // 3 + JSON_OVERHEAD  # base64 is 4/3 of the file
+        raw = b"".join([chunk async for chunk in _limited(request, limit)])
+        return await asyncio.to_thread(_from_json, raw)  # a 60 MB body: not on the event loop
+    raise InvalidRequest(
+        "send the file as multipart/form-data (field `file`) or as JSON "
+        '{"file": "<base64, data: URL or http(s) URL>"}; '
+        f"got Content-Type {content_type or 'none'!r}"
+    )
+
+
+def _from_json(raw: bytes) -> Upload:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object with `file`")
+    file = body.get("file")
+    if not isinstance(file, str) or not file:
+        raise InvalidRequest(
+            "`file` is required: base64, a data: URL, or an http(s) URL", param="file"
+        )
+    options = parse_options(body)
+    if file.startswith(("http://", "https://")):
+        return Upload(options, url=file)
+    if file.startswith("data:"):
+        header, comma, file = file.partition(",")
+        if not comma or not header.endswith(";base64"):
+            raise InvalidRequest(
+                "`file` as a data: URL must be base64: data:application/pdf;base64,...",
+                param="file",
+            )
+    try:
+        return Upload(options, data=base64.b64decode(file, validate=True))
+    except binascii.Error:
+        raise InvalidRequest(
+            "`file` is not valid base64 (nor a data: or http(s) URL)", param="file"
+        ) from None
+
+
+def parse_options(fields: dict[str, Any]) -> OcrOptions:
+    """The options from form fields (strings) or JSON values."""
+    task = str(fields.get("task") or "ocr")
+    if task not in PROMPTS:
+        raise InvalidRequest(
+            f"`task` must be one of {', '.join(PROMPTS)}; got {task!r}", param="task"
+        )
+    pages = fields.get("pages")
+    if pages is not None and not isinstance(pages, str | int):
+        raise InvalidRequest('`pages` must be a string such as "1-3,7"', param="pages")
+    try:
+        selection = PageSelection.parse(None if pages is None else str(pages))
+    except DocumentError as exc:
+        raise exc.as_gateway_error() from None
+    dpi = _integer(fields, "dpi", DEFAULT_DPI, *DPI_RANGE) or DEFAULT_DPI
+    max_tokens = _integer(fields, "max_tokens", None, 1, 1_000_000)
+    model = fields.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise InvalidRequest("`model` must be a non-empty string", param="model")
+    return OcrOptions(task, selection, dpi, max_tokens, model, _boolean(fields, "stream"))
+
+
+def _integer(
+    fields: dict[str, Any], name: str, default: int | None, low: int, high: int
+) -> int | None:
+    value = fields.get(name)
+    if value is None or value == "":
+        return default
+    bad = InvalidRequest(
+        f"`{name}` must be an integer from {low} to {high}; got {value!r}", param=name
+    )
+    if isinstance(value, bool | float):
+        raise bad
+    try:
+        number = int(value)
+    except ValueError:
+        raise bad from None
+    if not low <= number <= high:
+        raise bad
+    return number
+
+
+def _boolean(fields: dict[str, Any], name: str) -> bool:
+    value = fields.get(name, False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", ""):
+        return value.lower() in ("true", "1")
+    raise InvalidRequest(f"`{name}` must be true or false; got {value!r}", param=name)
+
+
+async def _limited(request: Request, limit: int) -> AsyncGenerator[bytes]:
+    """The body's chunks, refused with 413 as soon as it passes `limit` bytes."""
+    too_large = PayloadTooLarge(
+        f"the request body is over {limit} bytes: a file may have at most "
+        "OCRVL_MAX_FILE_BYTES; split the document or choose fewer pages before sending"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        yield chunk
+
+
+def spool(upload: Upload, data: bytes | None, folder: str) -> tuple[str, bytes]:
+    """Write the file where the workers can open it; (path, its first KiB). Blocking: run in
+    a thread."""
+    fd, path = tempfile.mkstemp(prefix="ocr-", dir=folder)
+    with os.fdopen(fd, "wb") as out:
+        if upload.upload is not None:
+            source: IO[bytes] = upload.upload.file
+            source.seek(0)
+            shutil.copyfileobj(source, out, 1024 * 1024)
+        else:
+            out.write(data or b"")
+    with open(path, "rb") as written:
+        return path, written.read(1024)
+
+
+def remove(path: str) -> None:
+    """Delete a spooled file (blocking; a missing file is fine)."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)

@@ -1,0 +1,118 @@
+"""`POST /v1/ocr`: an image or a PDF in, every page's text out (JSON, NDJSON stream, markdown)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from app import catalog
+from app.documents import output, upload
+from app.documents.errors import DocumentError
+from app.documents.fanout import Disconnect, OcrJob, PageResult, run_pages
+from app.documents.raster import Source
+from app.documents.sniff import sniff
+from app.errors import PayloadTooLarge
+from app.quotas import Admitted
+from app.state import Context, Gateway, GatewayDep
+
+router = APIRouter()
+
+
+@router.post("/v1/ocr")
+async def ocr(request: Request, _: Admitted, gateway: GatewayDep, context: Context) -> Response:
+    """Read every (chosen) page of the file with the model; see docs/ocr.md."""
+    settings = gateway.settings
+    received = await upload.read_upload(request, settings.max_file_bytes)
+    cleanup = contextlib.AsyncExitStack()  # the spooled file, the watcher, the page tasks
+    if received.upload is not None:
+        cleanup.push_async_callback(received.upload.close)
+    try:
+        data = await _file_bytes(gateway, received)
+        context.model = received.options.model
+        context.served_model = _served_model(gateway, received.options.model)
+        job = await _prepare(gateway, cleanup, received, data, context.served_model)
+        disconnect = Disconnect(request.receive)
+        cleanup.callback(disconnect.close)
+        pages = run_pages(
+            job,
+            preprocessor=gateway.documents,
+            relay=gateway.relay,
+            parent=context,
+            disconnect=disconnect,
+            concurrency=settings.ocr_page_concurrency,
+        )
+        cleanup.push_async_callback(pages.aclose)
+        media_type = output.negotiate(request.headers.get("accept", ""), received.options.stream)
+        context.stream = media_type == output.NDJSON
+        if context.stream:  # from here the response owns the cleanup
+            numbers = [index + 1 for index in job.pages]
+            return output.PageStream(job.model, numbers, pages, cleanup)
+        async with cleanup:
+            done = [page async for page in pages]
+    except BaseException:
+        await cleanup.aclose()
+        raise
+    return _whole(job.model, done, media_type)
+
+
+async def _file_bytes(gateway: Gateway, received: upload.Upload) -> bytes | None:
+    """The decoded or fetched file (None for a multipart upload, which stays spooled)."""
+    data = received.data
+    if received.url is not None:
+        data = await gateway.media.fetch(received.url, "file")
+    limit = gateway.settings.max_file_bytes
+    if data is not None and len(data) > limit:
+        raise PayloadTooLarge(
+            f"`file` is {len(data)} bytes, over OCRVL_MAX_FILE_BYTES ({limit})", param="file"
+        )
+    return data
+
+
+def _served_model(gateway: Gateway, requested: str | None) -> str:
+    """The served name for the `model` option; the first served model when none is given."""
+    served_models = gateway.pool.require_models("to read the document")
+    return catalog.resolve(requested, served_models) if requested else next(iter(served_models))
+
+
+async def _prepare(
+    gateway: Gateway,
+    cleanup: contextlib.AsyncExitStack,
+    received: upload.Upload,
+    data: bytes | None,
+    model: str,
+) -> OcrJob:
+    """The file spooled to disk for the workers, sniffed, and its pages checked (no decoding)."""
+    settings = gateway.settings
+    options = received.options
+    folder = tempfile.gettempdir()
+    path, head = await asyncio.to_thread(upload.spool, received, data, folder)
+    cleanup.push_async_callback(asyncio.to_thread, upload.remove, path)
+    try:
+        kind = sniff(head)
+        source = Source(
+            path, kind, options.dpi, settings.ocr_min_pixels, settings.max_pixels,
+            settings.max_page_pixels,
+        )  # fmt: skip
+        pages = await gateway.documents.inspect(source, options.pages, settings.max_pages)
+    except DocumentError as exc:
+        raise exc.as_gateway_error() from None
+    return OcrJob(source, pages, options.task, model, options.max_tokens)
+
+
+def _whole(model: str, pages: list[PageResult], media_type: str) -> Response:
+    """JSON or markdown once every page is in; when every page failed, the first error."""
+    failures = sorted((p for p in pages if p.error is not None), key=lambda p: p.index)
+    if failures and len(failures) == len(pages) and failures[0].error is not None:
+        raise failures[0].error
+    headers = output.summary_headers(pages)
+    if media_type == output.MARKDOWN:
+        return Response(
+            output.markdown(pages), media_type="text/markdown; charset=utf-8", headers=headers
+        )
+    body = orjson.dumps(output.document(model, pages))
+    return Response(body, media_type="application/json", headers=headers)

@@ -1,0 +1,250 @@
+"""The Scheduler: a backend slot now, a fair wait for one, or a fast 503.
+
+A request takes a slot on a backend (one of its `capacity` pages in flight) and holds it until
+its answer is fully sent. When every backend serving its model is full, it waits in the
+admission queue (bounded by OCRVL_QUEUE_SIZE and OCRVL_QUEUE_TIMEOUT); each freed slot goes
+to the next waiter in fair order across keys. What cannot wait is shed with 503
+`server_overloaded` at once, without calling a backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+
+from app.backends import Backend, BackendPool
+from app.engines import parse_metrics
+from app.errors import Overloaded
+from app.metrics import Metrics
+from app.scheduling import capacity
+from app.scheduling.queue import FairQueue, Waiter
+from app.scheduling.routing import Router
+
+log = logging.getLogger("ocrvl.scheduling")
+
+RATE_WINDOW = 30.0  # seconds of completions behind the observed service rate
+FALLBACK_RETRY_AFTER = 5  # seconds, while nothing has completed for a whole window
+MAX_RETRY_AFTER = 120  # the OpenAI SDK ignores longer values
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    """A slot on `backend`; `release()` (idempotent) hands it to the next waiter."""
+
+    backend: Backend
+    _scheduler: Scheduler = field(repr=False)
+    released: bool = False
+
+    def release(self) -> None:
+        """Give the slot back."""
+        if not self.released:
+            self.released = True
+            self._scheduler.release(self.backend)
+
+
+class Scheduler:
+    """Admission and routing over the pool's backends."""
+
+    def __init__(
+        self,
+        pool: BackendPool,
+        metrics: Metrics,
+        *,
+        enabled: bool,
+        queue_size: int,
+        queue_timeout: float,
+    ) -> None:
+        self.pool = pool
+        self.enabled = enabled
+        self.queue_size = queue_size
+        self.queue_timeout = queue_timeout
+        self.queue = FairQueue()
+        self._metrics = metrics
+        self._router = Router()
+        self._done: deque[float] = deque(maxlen=100_000)  # completion times, for the rate
+
+    # ------------------------------------------------------------------------------ capacity
+
+    def capacity(self, backend: Backend) -> int:
+        """Pages `backend` serves at once: its override, else what its engine says."""
+        return backend.capacity or capacity.learnt(backend.engine)
+
+    def _free(self, model: str, exclude: frozenset[str]) -> Backend | None:
+        """The least loaded healthy backend serving `model` with a free slot."""
+        serving = [
+            b
+            for b in self.pool.healthy()
+            if model in b.models
+            and b.url not in exclude
+            and (not self.enabled or b.in_flight < self.capacity(b))
+        ]
+        if not serving:
+            return None
+        limits = {b.url: self.capacity(b) for b in serving}
+        return self._router.rank(serving, limits)[0]
+
+    # ----------------------------------------------------------------------------- admission
+
+    async def acquire(
+        self, model: str, key: str, exclude: frozenset[str] = frozenset()
+    ) -> Lease | None:
+        """A slot on a backend serving `model`, waiting in the fair queue if all are full.
+
+        None when no healthy backend outside `exclude` serves `model` (the caller says why);
+        `Overloaded` when the request can not wait. Cancelling the caller (client gone,
+        deadline) takes it out of the queue at once.
+        """
+        serving = [b for b in self.pool.healthy() if model in b.models and b.url not in exclude]
+        if not serving:
+            return None
+        backend = self._free(model, exclude) if not self.queue else None
+        if backend is not None or not self.enabled:
+            backend = backend or self._router.rank(serving, self._limits(serving))[0]
+            return self._grant(backend)
+        return await self._wait(Waiter(key, model), exclude)
+
+    def _limits(self, backends: list[Backend]) -> dict[str, int]:
+        return {b.url: self.capacity(b) for b in backends}
+
+    def _grant(self, backend: Backend) -> Lease:
+        backend.in_flight += 1
+        return Lease(backend, self)
+
+    async def _wait(self, waiter: Waiter, exclude: frozenset[str]) -> Lease:
+        if len(self.queue) >= self.queue_size:
+            raise self._shed(
+                "queue_full",
+                f"every backend is at capacity and the admission queue is full "
+                f"({self.queue_size} waiting, OCRVL_QUEUE_SIZE)",
+            )
+        ahead = self.queue.ahead_of(waiter.key)
+        expected = self._expected_wait(ahead + 1)
+        if expected is not None and expected > self.queue_timeout:
+            raise self._shed(
+                "expected_wait",
+                f"every backend is at capacity and the {ahead} requests queued ahead would "
+                f"take about {expected:.0f} s, more than OCRVL_QUEUE_TIMEOUT "
+                f"({self.queue_timeout:g} s)",
+            )
+        self.queue.push(waiter)
+        self._metrics.queue_depth.set(len(self.queue))
+        try:
+            async with asyncio.timeout(self.queue_timeout):
+                granted = await waiter.granted
+        except TimeoutError:
+            raise self._shed(
+                "queue_timeout",
+                f"every backend stayed at capacity for {self.queue_timeout:g} s "
+                "(OCRVL_QUEUE_TIMEOUT) while this request waited",
+            ) from None
+        except asyncio.CancelledError:
+            # Gone while waiting (client disconnect, deadline): a slot granted meanwhile
+            # goes straight to the next waiter.
+            if waiter.granted.done() and not waiter.granted.cancelled():
+                self.release(waiter.granted.result())
+            raise
+        finally:
+            self.queue.remove(waiter)
+            self._metrics.queue_depth.set(len(self.queue))
+            self._metrics.queue_wait.observe(time.monotonic() - waiter.since)
+        return Lease(granted, self)
+
+    def release(self, backend: Backend) -> None:
+        """A request on `backend` ended: count it, then hand free slots to waiters."""
+        backend.in_flight -= 1
+        self._done.append(time.monotonic())
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        """Grant free slots to waiters in fair order (after a release, a probe, a scrape)."""
+        while self.queue:
+            served = self.queue.pop_first(
+                lambda waiter: (
+                    None if waiter.granted.done() else self._free(waiter.model, frozenset())
+                )
+            )
+            if served is None:
+                return
+            waiter, backend = served
+            backend.in_flight += 1  # reserved now: the waiter's task resumes later
+            waiter.granted.set_result(backend)
+
+    def readings(self) -> Iterator[tuple[str, dict[str, float]]]:
+        """Per-backend load and capacity, for the `ocrvl_backend_*` gauges."""
+        for backend in self.pool.backends:
+            engine = backend.engine
+            yield (
+                backend.url,
+                {
+                    "in_flight": backend.in_flight,
+                    "capacity": self.capacity(backend),
+                    "healthy": float(backend.healthy),
+                    "engine_running": engine.running if engine else -1,
+                    "engine_waiting": engine.waiting if engine else -1,
+                    "engine_kv_usage": engine.kv_usage if engine else -1,
+                },
+            )
+
+    # --------------------------------------------------------------------------- shedding
+
+    def service_rate(self) -> float | None:
+        """Requests completed per second over the last RATE_WINDOW seconds, if any."""
+        now = time.monotonic()
+        while self._done and now - self._done[0] > RATE_WINDOW:
+            self._done.popleft()
+        if len(self._done) < 2:
+            return None
+        return len(self._done) / max(now - self._done[0], 1.0)
+
+    def _expected_wait(self, position: int) -> float | None:
+        rate = self.service_rate()
+        return None if rate is None else position / rate
+
+    def retry_after(self) -> int:
+        """Seconds until the queue, draining at the observed rate, has room for one more."""
+        expected = self._expected_wait(len(self.queue) + 1)
+        if expected is None:
+            return FALLBACK_RETRY_AFTER
+        return min(max(math.ceil(expected), 1), MAX_RETRY_AFTER)
+
+    def _shed(self, reason: str, message: str) -> Overloaded:
+        self._metrics.shed.labels(reason).inc()
+        retry_after = self.retry_after()
+        return Overloaded(f"{message}; retry after {retry_after} s", retry_after=retry_after)
+
+    # ------------------------------------------------------------------------------ engines
+
+    async def watch(
+        self, client: httpx.AsyncClient, headers: dict[str, str], every: float, limit: float
+    ) -> None:
+        """Each `every` seconds: read every healthy engine's /metrics, re-probe the unhealthy
+        ones (a restarted backend is back within a second or two), then hand out free slots."""
+        while True:
+            await asyncio.sleep(every)
+            await asyncio.gather(
+                *(self._look(b, client, headers, limit) for b in self.pool.backends)
+            )
+            self.dispatch()
+
+    async def _look(
+        self, backend: Backend, client: httpx.AsyncClient, headers: dict[str, str], limit: float
+    ) -> None:
+        if not backend.healthy:
+            await self.pool.probe(backend)
+            return
+        try:
+            response = await client.get(f"{backend.url}/metrics", headers=headers, timeout=limit)
+        except httpx.ConnectError as exc:
+            backend.mark_down(f"/metrics: connection refused or unreachable ({exc})")
+            return
+        except httpx.HTTPError:
+            backend.engine = None  # routing falls back to the gateway's in-flight count
+            return
+        backend.engine = parse_metrics(response.text) if response.status_code == 200 else None

@@ -1,0 +1,399 @@
+"""Engine layouts per GPU, measured with the sweep: one engine (the profile as shipped) vs several.
+
+    python3 -m bench.gpu_layouts prepare                       # full-size checkpoint, profile
+    python3 -m bench.gpu_layouts run default,api4 [--levels 1,8,32,64,128,256] [--duration 8]
+    python3 -m bench.gpu_layouts merge --out DIR               # one report of every layout run
+
+For the offline H200 host (../shared/gpu/README.md: vLLM 0.23.0 from /tmp/site). `prepare`
+builds the full-size random PaddleOCR-VL (tests/support/tiny_model.py --full) and writes the
+`h200-141gb` profile as shipped minus the keys vLLM 0.23 lacks (its stored flag set says which).
+`run` starts each layout's engines one after the other (starting them together fails vLLM's
+memory profiling), a real `ocrvl serve` in front of them, and sweeps the gateway with pages of
+~1,280 image tokens and 256 output tokens forced by ignore_eos; every engine's /metrics is
+sampled. Results go to /tmp/gpu-results/<layout>.json (the host keeps /tmp between calls while
+it is held). `merge` writes gpu-h200-<date>.{json,md,png}: the sweep table, ratios to the
+default layout, and per layout the peak, its P99, the knee and what vLLM logged about memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = Path(os.environ.get("GPU_BENCH_DIR", "/tmp/gpu-bench"))  # noqa: S108 (kept between calls)
+RESULTS = Path(os.environ.get("GPU_RESULTS_DIR", "/tmp/gpu-results"))  # noqa: S108
+MODEL_DIR = WORK / "paddleocr-vl-full"
+PROFILE = ROOT / "vllm_configs" / "h200-141gb.yaml"
+VLLM_VERSION = "0.23.0"
+SERVED = "PaddleOCR-VL-1.5-0.9B"
+KEY = "sk-gpu-bench"
+LOGGED = {
+    "kv_cache_tokens": re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens"),
+    "weights_gib": re.compile(r"Model loading took ([\d.]+) GiB"),
+    "cuda_graphs_gib": re.compile(r"Graph capturing finished in [\d.]+ secs?, took ([-\d.]+) GiB"),
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Engines sharing one GPU: how many, each one's memory share, API servers and max seqs."""
+
+    engines: int
+    share: float
+    api_servers: int = 1
+    max_num_seqs: int | None = None  # None: the profile's
+
+
+LAYOUTS = {
+    "default": Layout(1, 0.95),  # h200-141gb as shipped
+    "api4": Layout(1, 0.95, api_servers=4),
+    "two": Layout(2, 0.45),
+    "two-api2": Layout(2, 0.45, api_servers=2),
+    "three": Layout(3, 0.30),
+    "four": Layout(4, 0.22),
+}
+
+
+def profile_for(version: str) -> dict[str, Any]:
+    """The shipped profile without the keys `version`'s stored flag set refuses."""
+    from app.profiles import flagsets  # noqa: PLC0415
+
+    config = yaml.safe_load(PROFILE.read_text())
+    refused = {
+        key for key, _ in flagsets.problems(config, flagsets.load(version)["flags"], version)
+    }
+    return {key: value for key, value in config.items() if key not in refused}
+
+
+def prepare(vllm: list[str]) -> int:
+    """Build the checkpoint (unless there) and write the profile vLLM 0.23 accepts."""
+    WORK.mkdir(parents=True, exist_ok=True)
+    if not (MODEL_DIR / "config.json").exists():
+        started = time.monotonic()
+        subprocess.run(
+            [sys.executable, "-m", "tests.support.tiny_model", str(MODEL_DIR), "--full"],
+            check=True, cwd=ROOT,
+        )  # fmt: skip
+        print(f"checkpoint built in {time.monotonic() - started:.0f} s", flush=True)
+    config = profile_for(VLLM_VERSION)
+    dropped = sorted(set(yaml.safe_load(PROFILE.read_text())) - set(config))
+    (WORK / "profile.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    print(f"profile for vLLM {VLLM_VERSION}: {config}; dropped {dropped}", flush=True)
+    return 0
+
+
+def _free_port() -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+            raise RuntimeError(f"{log.name}: exited with {process.returncode}\n{tail}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(1)
+    raise RuntimeError(f"{url} not up after {timeout:.0f} s")
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@contextlib.contextmanager
+def engines(name: str, layout: Layout, vllm: list[str]) -> Iterator[list[tuple[str, Path]]]:
+    """Start the layout's engines one after the other; (URL, log) of each, stopped at the end."""
+    config = yaml.safe_load((WORK / "profile.yaml").read_text())
+    config["gpu-memory-utilization"] = layout.share
+    if layout.max_num_seqs:
+        config["max-num-seqs"] = layout.max_num_seqs
+    profile = WORK / f"profile-{name}.yaml"
+    profile.write_text(yaml.safe_dump(config, sort_keys=False))
+    processes: list[subprocess.Popen[bytes]] = []
+    started: list[tuple[str, Path]] = []
+    try:
+        for index in range(layout.engines):
+            port, log = _free_port(), WORK / f"vllm-{name}-{index}.log"
+            command = [*vllm, "serve", str(MODEL_DIR), "--config", str(profile),
+                       "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
+                       "--api-server-count", str(layout.api_servers)]  # fmt: skip
+            with log.open("wb") as out:
+                processes.append(
+                    subprocess.Popen(
+                        command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                    )
+                )
+            began = time.monotonic()
+            _wait(f"http://127.0.0.1:{port}/health", processes[-1], log, 420)
+            print(f"{name}: engine {index} healthy after {time.monotonic() - began:.0f} s")
+            started.append((f"http://127.0.0.1:{port}", log))
+        yield started
+    finally:
+        _stop(processes)
+
+
+@contextlib.contextmanager
+def gateway(backends: list[str]) -> Iterator[str]:
+    """A real `ocrvl serve` (one worker, production defaults) in front of `backends`."""
+    port, log = _free_port(), WORK / "gateway.log"
+    environment = {
+        **os.environ,
+        "OCRVL_BACKENDS": ",".join(backends),
+        "OCRVL_API_KEYS": KEY,
+        "OCRVL_LOG_LEVEL": "warning",
+        "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])),
+    }
+    command = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+        )
+    try:
+        _wait(f"http://127.0.0.1:{port}/ready", process, log, 60)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop([process])
+
+
+@contextlib.contextmanager
+def gpu_sampler(path: Path) -> Iterator[None]:
+    """nvidia-smi's utilisation and memory once a second into `path`, while the block runs."""
+    query = "--query-gpu=index,utilization.gpu,memory.used"
+    command = ["nvidia-smi", query, "--format=csv,noheader,nounits", "-lms", "1000"]
+    try:
+        with path.open("wb") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        process.terminate()
+        process.wait()
+
+
+def _gpu_summary(path: Path) -> dict[str, float] | None:
+    rows = [line.split(",") for line in path.read_text().splitlines() if line.count(",") == 2]
+    utilisation = [float(r[1]) for r in rows if r[1].strip().isdigit()]
+    memory = [float(r[2]) for r in rows if r[2].strip().isdigit()]
+    if not utilisation:
+        return None
+    return {
+        "samples": len(utilisation),
+        "utilization_avg_pct": sum(utilisation) / len(utilisation),
+        "utilization_max_pct": max(utilisation),
+        "memory_used_max_mib": max(memory) if memory else 0.0,
+    }
+
+
+def logged(log: Path) -> dict[str, float]:
+    """What vLLM logged about memory: KV tokens, weights and CUDA graphs."""
+    text = log.read_text(errors="replace")
+    found: dict[str, float] = {}
+    for key, pattern in LOGGED.items():
+        match = pattern.search(text)
+        if match:
+            found[key] = float(match[1].replace(",", ""))
+    return found
+
+
+def run(names: list[str], vllm: list[str], levels: list[int], duration: float) -> int:
+    """Sweep each named layout through the gateway; one JSON per layout in RESULTS."""
+    from app.bench.load import Shape  # noqa: PLC0415
+    from app.bench.sweep import Config, main  # noqa: PLC0415
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        layout = LAYOUTS[name]
+        began = time.monotonic()
+        try:
+            with engines(name, layout, vllm) as started, gateway([u for u, _ in started]) as gw:
+                samples = WORK / f"gpu-{name}.csv"
+                with gpu_sampler(samples):
+                    report = main(
+                        Config(
+                            urls=[gw],
+                            keys=[KEY],
+                            labels=[name],
+                            levels=levels,
+                            duration=duration,
+                            corpus=1500,
+                            shape=Shape(max_tokens=256, ignore_eos=True),
+                            metrics_urls=[f"{u}/metrics" for u, _ in started],
+                            max_error_rate=0.05,
+                            out=RESULTS,
+                            name=name,
+                            plot=False,
+                            command=f"python3 -m bench.gpu_layouts run {name}",
+                        )
+                    )
+                report["layout"] = asdict(layout) | {
+                    "name": name,
+                    "engines_logged": [logged(log) for _, log in started],
+                    "gpu": _gpu_summary(samples),
+                    "seconds": time.monotonic() - began,
+                }
+                (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+        except RuntimeError as exc:
+            print(f"layout {name} failed: {exc}", flush=True)
+            (RESULTS / f"{name}.failed.txt").write_text(str(exc))
+    return 0
+
+
+def _knee(levels: list[dict[str, Any]]) -> int | None:
+    """The lowest concurrency whose pages/s is within 10 % of the layout's peak."""
+    peak = max((level["pages_per_s"] for level in levels), default=0.0)
+    return next((lv["concurrency"] for lv in levels if lv["pages_per_s"] >= 0.9 * peak), None)
+
+
+def summary(report: dict[str, Any]) -> dict[str, Any]:
+    """Per layout: peak pages/s and where, P99 there, the knee per engine, logged memory."""
+    levels = [entry["targets"][report["layout"]["name"]] for entry in report["levels"]]
+    best = max(levels, key=lambda level: level["pages_per_s"])
+    knee = _knee(levels)
+    layout = report["layout"]
+    return {
+        "layout": layout["name"],
+        "engines": layout["engines"],
+        "memory_share": layout["share"],
+        "api_servers": layout["api_servers"],
+        "peak_pages_per_s": best["pages_per_s"],
+        "peak_at": best["concurrency"],
+        "p99_at_peak_s": (best["latency_s"] or {}).get("p99"),
+        "knee_concurrency": knee,
+        "knee_per_engine": knee / layout["engines"] if knee else None,
+        "engines_logged": layout["engines_logged"],
+        "gpu": layout["gpu"],
+    }
+
+
+def merge(out: Path, names: list[str] | None) -> int:
+    """One report, plot and table of every layout in RESULTS (default layout first)."""
+    from app.bench import report as reporting  # noqa: PLC0415
+    from app.bench.plot import plot  # noqa: PLC0415
+
+    found = {p.stem: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))}
+    order = [n for n in (names or LAYOUTS) if n in found]
+    if not order:
+        print(f"no layout results in {RESULTS}", file=sys.stderr)
+        return 1
+    first = found[order[0]]
+    merged: dict[str, Any] = {
+        **{k: first[k] for k in ("tool", "date", "settings", "machine")},
+        "command": "python3 -m bench.gpu_layouts run " + ",".join(order) + " (then merge)",
+        "notes": "Layouts ran one after the other on the same GPU (not interleaved); each "
+        "row is the gateway in front of that layout's engines.",
+        "targets": [found[n]["targets"][0] | {"label": n} for n in order],
+        "levels": [],
+        "stopped": next((found[n]["stopped"] for n in order if found[n]["stopped"]), None),
+        "layouts": [summary(found[n]) for n in order],
+        "load_generator": first["load_generator"],
+    }
+    for concurrency in first["settings"]["concurrency"]:
+        entry: dict[str, Any] = {"concurrency": concurrency, "order": [], "targets": {}}
+        for name in order:
+            for level in found[name]["levels"]:
+                if level["concurrency"] == concurrency:
+                    entry["targets"][name] = level["targets"][name]
+                    entry["order"].append(name)
+        if entry["targets"]:
+            from app.bench.sweep import _ratios  # noqa: PLC0415
+
+            entry["ratios"] = _ratios(entry, order)
+            merged["levels"].append(entry)
+    stem = f"gpu-h200-{first['date'][:10]}"
+    out.mkdir(parents=True, exist_ok=True)
+    plot(merged, out / f"{stem}.png")
+    merged["plot"] = f"{stem}.png"
+    reporting.write(merged, out, stem)
+    with (out / f"{stem}.md").open("a") as md:
+        md.write("\n" + layouts_table(merged["layouts"]) + "\n")
+    print((out / f"{stem}.md").read_text())
+    return 0
+
+
+def layouts_table(rows: list[dict[str, Any]]) -> str:
+    """Per layout: peak, its P99, the knee and vLLM's logged memory figures."""
+    from app.bench.report import table  # noqa: PLC0415
+
+    base = rows[0]["peak_pages_per_s"] or 1.0
+    header = ["target", "engines", "share", "API servers", "peak pages/s", "x default",
+              "at c", "p99 at peak s", "knee c", "knee per engine", "KV tokens (each)",
+              "weights GiB", "graphs GiB", "GPU util avg/max %"]  # fmt: skip
+    body = []
+    for r in rows:
+        logged_ = r["engines_logged"][0] if r["engines_logged"] else {}
+        gpu = r["gpu"] or {}
+        body.append([
+            r["layout"], str(r["engines"]), f"{r['memory_share']:.2f}", str(r["api_servers"]),
+            f"{r['peak_pages_per_s']:.2f}", f"{r['peak_pages_per_s'] / base:.2f}",
+            str(r["peak_at"]), f"{r['p99_at_peak_s']:.2f}" if r["p99_at_peak_s"] else "",
+            str(r["knee_concurrency"]),
+            f"{r['knee_per_engine']:.0f}" if r["knee_per_engine"] else "",
+            f"{logged_.get('kv_cache_tokens', 0):,.0f}", str(logged_.get("weights_gib", "")),
+            str(logged_.get("cuda_graphs_gib", "")),
+            f"{gpu.get('utilization_avg_pct', 0):.0f}/{gpu.get('utilization_max_pct', 0):.0f}",
+        ])  # fmt: skip
+    return "Layouts (peak over the levels; knee: lowest level within 10 % of the peak):\n\n" + (
+        table(header, body)
+    )
+
+
+def main_cli(argv: list[str] | None = None) -> int:
+    """The command line."""
+    parser = argparse.ArgumentParser(prog="python3 -m bench.gpu_layouts")
+    parser.add_argument("action", choices=("prepare", "run", "merge"))
+    parser.add_argument(
+        "layouts", nargs="?", default="", help="comma-separated: " + ", ".join(LAYOUTS)
+    )
+    parser.add_argument("--vllm", default=f"{sys.executable} -m vllm.entrypoints.cli.main",
+                        help="how to call vLLM's CLI")  # fmt: skip
+    parser.add_argument("--levels", default="1,8,32,64,128,256")
+    parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per level")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-out")))
+    args = parser.parse_args(argv)
+    vllm = shlex.split(args.vllm)
+    names = [n for n in args.layouts.split(",") if n]
+    if args.action == "prepare":
+        return prepare(vllm)
+    if args.action == "run":
+        levels = [int(c) for c in args.levels.split(",")]
+        return run(names, vllm, levels, args.duration)
+    return merge(args.out, names or None)
+
+
+if __name__ == "__main__":
+    sys.exit(main_cli())

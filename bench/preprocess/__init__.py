@@ -1,0 +1,1 @@
+"""Page preprocessing throughput: `python -m bench.preprocess` (see __main__)."""

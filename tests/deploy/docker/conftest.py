@@ -1,0 +1,209 @@
+"""The docker tier's fixtures: a real Docker Engine running the real compose stack.
+
+`docker compose build` builds the real Dockerfile and `docker compose up -d --wait` starts the
+real docker-compose.yml with compose/cpu.yml and this folder's compose.test.yml, on stand-in
+base images built here (no registry is reachable in CI). Without an engine the tier is skipped,
+except under CI (`CI` set), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import BACKEND_KEY, ROOT
+from tests.deploy.compose import compose_binary
+from tests.support.servers import free_port
+
+HERE = Path(__file__).resolve().parent
+PROJECT = "ocrvl-test"
+PYTHON_TAG = "ocrvl-stand-in/python:3.11-bookworm"
+NGINX_TAG = "ocrvl-stand-in/nginx:1.28"
+VLLM_TAG = "ocrvl-stand-in/vllm-openai-cpu:v0.32.0"
+GATEWAY_TAG = "ocrvl-stand-in/gateway:test"
+FILES = ("docker-compose.yml", "compose/cpu.yml", "tests/deploy/docker/compose.test.yml")
+# Debian bookworm's python3, the stand-in base's: wheel markers are resolved for its version.
+IMAGE_PYTHON = "/usr/bin/python3"
+UP_TIMEOUT = 600
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def docker(*args: str, timeout: float = 120, check: bool = True) -> str:
+    """`docker ARGS`; its stdout. A failure fails the test with docker's own message."""
+    result = subprocess.run(
+        ["docker", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and result.returncode != 0:
+        pytest.fail(f"docker {' '.join(args)} failed:\n{result.stderr}")
+    return result.stdout
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> str:
+    """The engine's version; no engine: skip, or fail under CI."""
+    reason = "no Docker Engine answers (.ci/run starts one)"
+    if shutil.which("docker") is None:
+        reason = "no docker command (Debian: apt-get install docker.io)"
+    else:
+        try:
+            result = subprocess.run(
+                ["docker", "version", "--format", "{{.Server.Version}}"],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            result = None
+        if result is not None and result.returncode == 0:
+            return result.stdout.strip()
+        if result is not None:
+            reason = f"{reason}: {result.stderr.strip()}"
+    if in_ci():
+        pytest.fail(f"CI is set and the docker tier cannot run: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def stand_ins(docker_engine: str) -> None:
+    """The stand-in base images, built once per engine and then found by their tags."""
+    venv = Path(sys.prefix)
+    subprocess.run(
+        [str(HERE / "images" / "build-stand-ins.sh"), str(venv)],
+        check=True, timeout=900, env={**os.environ, "PYTHON_TAG": PYTHON_TAG,
+                                      "NGINX_TAG": NGINX_TAG, "VLLM_TAG": VLLM_TAG},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(docker_engine: str) -> None:
+    """wheelhouse/ filled for the stand-in's Python, again only when the dependencies changed."""
+    stamp = ROOT / "wheelhouse" / ".requirements.sha256"
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wanted = [pyproject["build-system"]["requires"], pyproject["project"]["dependencies"]]
+    digest = hashlib.sha256(json.dumps(wanted).encode()).hexdigest()
+    if stamp.exists() and stamp.read_text() == digest:
+        return
+    subprocess.run([str(ROOT / "scripts" / "wheelhouse.sh"), IMAGE_PYTHON], check=True, timeout=900)
+    stamp.write_text(digest)
+
+
+@dataclass
+class Stack:
+    """The running compose project: nginx's URL on 127.0.0.1 and the client keys."""
+
+    url: str
+    keys: dict[str, str]
+    env_file: Path
+    home: Path
+
+    def compose(self, *args: str, timeout: float = 300, check: bool = True) -> str:
+        """`docker compose -p ocrvl-test -f ... ARGS` with only the env file's variables."""
+        command = [str(compose_binary()), "-p", PROJECT, "--project-directory", str(ROOT)]
+        for name in FILES:
+            command += ["-f", str(ROOT / name)]
+        command += ["--env-file", str(self.env_file), *args]
+        env = {"PATH": os.environ["PATH"], "HOME": str(self.home)}
+        result = subprocess.run(
+            command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout,
+            check=False,
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            pytest.fail(f"docker compose {' '.join(args)} failed:\n{result.stderr[-6000:]}")
+        return result.stdout + result.stderr
+
+    def container(self, service: str) -> str:
+        return f"{PROJECT}-{service}-1"
+
+    def inspect(self, service: str) -> dict[str, Any]:
+        found: list[dict[str, Any]] = json.loads(docker("inspect", self.container(service)))
+        return found[0]
+
+    def exec(self, service: str, *command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["docker", "exec", self.container(service), *command],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    def containers(self) -> list[str]:
+        """Every container of the project, running or not."""
+        label = f"label=com.docker.compose.project={PROJECT}"
+        return docker("ps", "--all", "--quiet", "--filter", label).split()
+
+
+def write_keys(folder: Path, names: Sequence[str]) -> dict[str, str]:
+    """A keys file from `ocrvl keys create`, owned by the gateway uid (as docs/deploy.md says)."""
+    folder.mkdir()
+    keys_file = folder / "api-keys.json"
+    keys = {}
+    for name in names:
+        created = subprocess.run(
+            [str(Path(sys.prefix) / "bin" / "ocrvl"), "keys", "create", name, "--file",
+             str(keys_file)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        keys[name] = created.stdout.split()[0]
+    for path in (folder, keys_file):
+        os.chown(path, 10001, 10001)
+    return keys
+
+
+def env_file(folder: Path, keys_dir: Path, port: int) -> Path:
+    """The stack's variables: stand-in images, the tiny model, loopback-only nginx."""
+    values = {
+        "GPU_PROFILE": "cpu",
+        "VLLM_API_KEY": BACKEND_KEY,
+        "PYTHON_IMAGE": PYTHON_TAG,
+        "NGINX_IMAGE": NGINX_TAG,
+        "VLLM_CPU_IMAGE": VLLM_TAG,
+        "GATEWAY_IMAGE": GATEWAY_TAG,
+        "PIP_NO_INDEX": "1",
+        "NGINX_BIND": "127.0.0.1",
+        "NGINX_PORT": str(port),
+        "OCRVL_KEYS_DIR": str(keys_dir),
+        "MODEL": "/models/tiny",
+        "OCRVL_TEST_VENV": sys.prefix,
+        "OCRVL_TEST_PYTHON_HOME": sys.base_prefix,
+        "OCRVL_TEST_MODEL": os.environ.get("TINY_MODEL_DIR", str(ROOT / ".cache" / "tiny-model")),
+    }
+    path = folder / "stack.env"
+    path.write_text("".join(f"{name}={value}\n" for name, value in values.items()))
+    return path
+
+
+@pytest.fixture(scope="session")
+def stack(
+    stand_ins: None, wheelhouse: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """The whole stack, built and up (`--wait`: every healthcheck passed); down afterwards."""
+    folder = tmp_path_factory.mktemp("stack")
+    keys = write_keys(folder / "keys", ["ci-client", "ci-burst", "ci-trickle"])
+    port = free_port()
+    running = Stack(
+        f"http://127.0.0.1:{port}", keys, env_file(folder, folder / "keys", port), folder
+    )
+    running.compose("down", "--volumes", "--remove-orphans", check=False)
+    started = time.monotonic()
+    running.compose("build", timeout=900)
+    built = time.monotonic()
+    try:
+        running.compose("up", "--detach", "--wait", timeout=UP_TIMEOUT)
+    except BaseException:
+        print(running.compose("logs", "--no-color", "--tail", "80", check=False))
+        running.compose("down", "--volumes", check=False)
+        raise
+    print(f"docker tier: build {built - started:.0f} s, up --wait {time.monotonic() - built:.0f} s")
+    yield running
+    running.compose("down", "--volumes", "--remove-orphans", check=False)

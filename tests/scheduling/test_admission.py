@@ -1,0 +1,218 @@
+"""The Scheduler: slots up to capacity, a bounded fair queue, fast sheds, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from app.backends import BackendPool
+from app.errors import Overloaded
+from tests.scheduling.conftest import MODEL, backend, scheduler_for
+
+pytestmark = pytest.mark.anyio
+
+
+async def settle() -> None:
+    """Let every task that can run, run."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_slots_up_to_capacity_then_requests_wait(pool: BackendPool) -> None:
+    """A backend of capacity 2 takes two requests at once; the third waits for a release."""
+    pool.backends = [backend("http://a", capacity=2)]
+    scheduler = scheduler_for(pool)
+    first = await scheduler.acquire(MODEL, "k")
+    second = await scheduler.acquire(MODEL, "k")
+    third = asyncio.create_task(scheduler.acquire(MODEL, "k"))
+    await settle()
+    assert not third.done()
+    assert len(scheduler.queue) == 1
+    assert first is not None
+    assert second is not None
+    first.release()
+    lease = await asyncio.wait_for(third, 1)
+    assert lease is not None
+    assert lease.backend.url == "http://a"
+    assert pool.backends[0].in_flight == 2
+    assert len(scheduler.queue) == 0
+
+
+async def test_release_is_idempotent(pool: BackendPool) -> None:
+    """Releasing a lease twice frees one slot, not two."""
+    pool.backends = [backend("http://a", capacity=1)]
+    scheduler = scheduler_for(pool)
+    lease = await scheduler.acquire(MODEL, "k")
+    assert lease is not None
+    lease.release()
+    lease.release()
+    assert pool.backends[0].in_flight == 0
+
+
+async def test_one_keys_flood_does_not_starve_another_key(pool: BackendPool) -> None:
+    """Key A queues 50 pages, then key B queues one: B is served after at most one of A's."""
+    pool.backends = [backend("http://a", capacity=1)]
+    scheduler = scheduler_for(pool)
+    lease = await scheduler.acquire(MODEL, "A")
+    floods = [asyncio.create_task(scheduler.acquire(MODEL, "A")) for _ in range(50)]
+    await settle()
+    single = asyncio.create_task(scheduler.acquire(MODEL, "B"))
+    await settle()
+    pending = {task: "A" for task in floods} | {single: "B"}
+    served: list[str] = []
+    for _ in range(4):  # hand the one slot on, release by release, and note who gets it
+        assert lease is not None
+        lease.release()
+        await settle()
+        granted = [task for task in pending if task.done()]
+        assert len(granted) == 1, "one release hands out exactly one slot"
+        served.append(pending.pop(granted[0]))
+        lease = granted[0].result()
+    assert "B" in served[:2], f"B waited behind more than one of A's pages: {served}"
+    assert served.count("A") == 3  # and A goes on being served after B
+    for task in pending:
+        task.cancel()
+    await settle()
+    assert len(scheduler.queue) == 0
+
+
+async def test_full_queue_sheds_at_once_with_retry_after(pool: BackendPool) -> None:
+    """With the slot taken and the queue full, the next request is shed without waiting."""
+    pool.backends = [backend("http://a", capacity=1)]
+    scheduler = scheduler_for(pool, queue_size=2)
+    held = await scheduler.acquire(MODEL, "k")
+    waiting = [asyncio.create_task(scheduler.acquire(MODEL, "k")) for _ in range(2)]
+    await settle()
+    started = time.perf_counter()
+    with pytest.raises(Overloaded) as shed:
+        await scheduler.acquire(MODEL, "k")
+    assert time.perf_counter() - started < 0.05
+    assert shed.value.status == 503
+    assert shed.value.code == "server_overloaded"
+    assert "OCRVL_QUEUE_SIZE" in shed.value.message
+    assert int(shed.value.headers()["retry-after"]) >= 1
+    assert held is not None
+    for task in waiting:
+        task.cancel()
+
+
+async def test_waiting_too_long_is_shed(pool: BackendPool) -> None:
+    """A request still queued after OCRVL_QUEUE_TIMEOUT gets 503 and leaves the queue."""
+    pool.backends = [backend("http://a", capacity=1)]
+    scheduler = scheduler_for(pool, queue_timeout=0.2)
+    held = await scheduler.acquire(MODEL, "k")
+    with pytest.raises(Overloaded, match="OCRVL_QUEUE_TIMEOUT"):
+        await scheduler.acquire(MODEL, "k")
+    assert len(scheduler.queue) == 0
+    assert held is not None
+
+
+async def test_retry_after_follows_the_observed_service_rate(pool: BackendPool) -> None:
+    """Ten completions a second and 20 queued: a shed request is told to come back in ~3 s."""
+    pool.backends = [backend("http://a", capacity=1)]
+    scheduler = scheduler_for(pool, queue_size=20)
+    now = time.monotonic()
+    scheduler._done.extend(now - 2 + i / 10 for i in range(20))  # 10 per second for 2 s
+    held = await scheduler.acquire(MODEL, "k")
+    waiting = [asyncio.create_task(scheduler.acquire(MODEL, "k")) for _ in range(20)]
+    await settle()
+    with pytest.raises(Overloaded) as shed:
+        await scheduler.acquire(MODEL, "k")
+    # 21 ahead at ~10/s (the window counts the 20 completions over ~2 s)
+    assert 2 <= shed.value.retry_after <= 4
+    assert held is not None
+    for task in waiting:
+        task.cancel()
+
+
+async def test_expected_wait_beyond_the_timeout_is_shed_at_once(pool: BackendPool) -> None:
+    """At one completion a second, a request 10 places back with a 5 s timeout is shed now."""
+    pool.backends = [backend("http://a", capacity=1)]
+    scheduler = scheduler_for(pool, queue_timeout=5)
+    now = time.monotonic()
+    scheduler._done.extend(now - 10 + i for i in range(10))
+    held = await scheduler.acquire(MODEL, "k")
+    waiting = [asyncio.create_task(scheduler.acquire(MODEL, "k")) for _ in range(9)]
+    await settle()
+    with pytest.raises(Overloaded, match="would take about"):
+        await scheduler.acquire(MODEL, "k")
+    assert held is not None
+    for task in waiting:
+        task.cancel()
+
+
+async def test_a_request_cancelled_while_queued_leaves_and_the_next_one_proceeds(
+    pool: BackendPool,
+) -> None:
+    """The client of a queued request goes: it leaves the queue at once; the freed slot goes
+    to the request behind it."""
+    pool.backends = [backend("http://a", capacity=1)]
+    scheduler = scheduler_for(pool)
+    held = await scheduler.acquire(MODEL, "k")
+    gone = asyncio.create_task(scheduler.acquire(MODEL, "k"))
+    behind = asyncio.create_task(scheduler.acquire(MODEL, "k"))
+    await settle()
+    gone.cancel()
+    await settle()
+    assert len(scheduler.queue) == 1
+    assert held is not None
+    held.release()
+    lease = await asyncio.wait_for(behind, 1)
+    assert lease is not None
+    assert pool.backends[0].in_flight == 1
+
+
+async def test_a_slot_granted_to_a_request_cancelled_at_that_moment_is_passed_on(
+    pool: BackendPool,
+) -> None:
+    """Granted and cancelled in the same turn: the slot is not lost, the next waiter gets it."""
+    pool.backends = [backend("http://a", capacity=1)]
+    scheduler = scheduler_for(pool)
+    held = await scheduler.acquire(MODEL, "k")
+    unlucky = asyncio.create_task(scheduler.acquire(MODEL, "k"))
+    behind = asyncio.create_task(scheduler.acquire(MODEL, "k"))
+    await settle()
+    assert held is not None
+    held.release()  # grants `unlucky` its slot ...
+    unlucky.cancel()  # ... which is cancelled before it runs
+    lease = await asyncio.wait_for(behind, 1)
+    assert lease is not None
+    assert pool.backends[0].in_flight == 1
+
+
+async def test_admission_off_sends_past_capacity(pool: BackendPool) -> None:
+    """OCRVL_ADMISSION=off: nothing waits in the gateway, the engine queues instead."""
+    pool.backends = [backend("http://a", capacity=1)]
+    scheduler = scheduler_for(pool, enabled=False)
+    leases = [await scheduler.acquire(MODEL, "k") for _ in range(5)]
+    assert all(lease is not None for lease in leases)
+    assert pool.backends[0].in_flight == 5
+
+
+async def test_no_backend_serving_the_model_is_none(pool: BackendPool) -> None:
+    """Nothing healthy serves the model: None, for the relay to explain (503/502)."""
+    sick = backend("http://a")
+    sick.healthy = False
+    pool.backends = [sick, backend("http://b")]
+    scheduler = scheduler_for(pool)
+    assert await scheduler.acquire("other-model", "k") is None
+    assert await scheduler.acquire(MODEL, "k", frozenset({"http://b"})) is None
+
+
+async def test_a_waiter_takes_a_slot_on_whichever_backend_frees_one(pool: BackendPool) -> None:
+    """Two backends, both full: the queued request goes to the one that frees a slot."""
+    pool.backends = [backend("http://a"), backend("http://b")]
+    scheduler = scheduler_for(pool)
+    first = await scheduler.acquire(MODEL, "k")
+    second = await scheduler.acquire(MODEL, "k")
+    assert first is not None
+    assert second is not None
+    assert {first.backend.url, second.backend.url} == {"http://a", "http://b"}
+    waiter = asyncio.create_task(scheduler.acquire(MODEL, "k"))
+    await settle()
+    second.release()
+    lease = await asyncio.wait_for(waiter, 1)
+    assert lease is not None
+    assert lease.backend is second.backend

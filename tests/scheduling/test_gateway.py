@@ -1,0 +1,112 @@
+"""Admission through the gateway's HTTP surface, in front of FakeVLLM holding each answer
+(`delay`: a backend busy with long pages, the fault a real engine cannot hold on demand)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import pytest
+
+from app.main import create_app
+from tests.conftest import CLIENT_KEY, settings_for
+from tests.support.fake_backend import SERVED, FakeVLLM
+from tests.support.servers import ThreadedServer, lifespan_client
+
+pytestmark = pytest.mark.anyio
+BODY = {"model": SERVED, "messages": [{"role": "user", "content": "OCR:"}]}
+AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+
+
+def gauge(text: str, name: str) -> float:
+    """One sample of /metrics, by its full name with labels."""
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_overload_is_a_fast_openai_503_with_retry_after(fake: FakeVLLM, stream: bool) -> None:
+    """Capacity 1, no queue: the second request is shed at once, before any backend call."""
+    fake.delay = 0.5
+    settings = settings_for(f"{fake.url};capacity=1", queue_size=0)
+    async with lifespan_client(create_app(settings), headers=AUTH) as client:
+        first = asyncio.create_task(
+            client.post("/v1/chat/completions", json={**BODY, "stream": stream})
+        )
+        assert await asyncio.to_thread(fake.chat_started.wait, 5)
+        started = time.perf_counter()
+        shed = await client.post("/v1/chat/completions", json={**BODY, "stream": stream})
+        elapsed = time.perf_counter() - started
+        assert (await first).status_code == 200
+        metrics = (await client.get("/metrics")).text
+    assert shed.status_code == 503
+    assert elapsed < 0.05
+    assert int(shed.headers["retry-after"]) >= 1
+    error = shed.json()["error"]
+    assert error["code"] == "server_overloaded"
+    assert error["type"] == "server_error"
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "OCRVL_QUEUE_SIZE" in error["message"]
+    assert len(fake.bodies) == 1  # the shed request never reached the backend
+    assert gauge(metrics, 'ocrvl_shed_total{reason="queue_full"}') == 1
+    assert gauge(metrics, f'ocrvl_backend_capacity{{backend="{fake.url}"}}') == 1
+
+
+async def test_a_stream_holds_its_slot_until_it_ends(fake: FakeVLLM) -> None:
+    """A slow stream keeps capacity 1 taken; once its client closes it, the slot is free."""
+    fake.mode = "slow_stream"
+    settings = settings_for(f"{fake.url};capacity=1", queue_size=0)
+    with ThreadedServer(create_app(settings)) as gateway:
+        async with httpx.AsyncClient(base_url=gateway.url, headers=AUTH, timeout=10) as client:
+            async with client.stream(
+                "POST", "/v1/chat/completions", json={**BODY, "stream": True}
+            ) as streaming:
+                async for _ in streaming.aiter_raw():
+                    break
+                during = await client.post("/v1/chat/completions", json=BODY)
+            fake.mode = "ok"
+            await asyncio.to_thread(fake.disconnected.wait, 2)
+            await asyncio.sleep(0.1)
+            after = await client.post("/v1/chat/completions", json=BODY)
+    assert during.status_code == 503
+    assert after.status_code == 200
+
+
+async def test_queued_requests_are_served_in_turn(fake: FakeVLLM) -> None:
+    """Capacity 1 and six requests at once: all six get 200, one at a time upstream."""
+    fake.delay = 0.1
+    settings = settings_for(f"{fake.url};capacity=1")
+    async with lifespan_client(create_app(settings), headers=AUTH) as client:
+        responses = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=BODY) for _ in range(6))
+        )
+        metrics = (await client.get("/metrics")).text
+    assert [r.status_code for r in responses] == [200] * 6
+    assert gauge(metrics, "ocrvl_queue_wait_seconds_count") >= 5
+    assert gauge(metrics, "ocrvl_queue_depth") == 0
+
+
+async def test_a_client_leaving_the_queue_frees_its_place(fake: FakeVLLM) -> None:
+    """Three requests on capacity 1: the queued one whose client disconnects leaves the queue
+    at once (its page never reaches the backend); the one behind it is served."""
+    fake.delay = 0.6
+    settings = settings_for(f"{fake.url};capacity=1")
+    with ThreadedServer(create_app(settings)) as gateway:
+        async with httpx.AsyncClient(base_url=gateway.url, headers=AUTH, timeout=10) as client:
+            holder = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
+            await asyncio.to_thread(fake.chat_started.wait, 5)
+            leaving = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
+            await asyncio.sleep(0.1)
+            behind = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
+            await asyncio.sleep(0.1)
+            queued = gauge((await client.get("/metrics")).text, "ocrvl_queue_depth")
+            leaving.cancel()  # httpx closes the connection
+            await asyncio.sleep(0.1)
+            after_leaving = gauge((await client.get("/metrics")).text, "ocrvl_queue_depth")
+            assert (await holder).status_code == 200
+            assert (await behind).status_code == 200
+    assert (queued, after_leaving) == (2, 1)
+    assert len(fake.bodies) == 2  # the holder's page and the one behind: not the gone one
