@@ -15,14 +15,25 @@ from app.errors import InvalidRequest
 STRIPPED = ("chat_template", "chat_template_kwargs", "media_io_kwargs")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChatRequest:
-    """A parsed chat completion body."""
+    """A parsed chat completion body: its bytes and, until `take_body`, its parsed form."""
 
     payload: dict[str, Any]
     raw: bytes
     model: str
     stream: bool
+
+    def take_body(self, served_model: str, max_pixels: int) -> bytes:
+        """`for_backend`'s body, and the request gives up its own copies (raw and parsed).
+
+        A page is big (a 1 MB image is a 1 MB string once parsed) and may wait long in the
+        admission queue: from here on it costs the gateway one copy of its bytes, the one that
+        is sent (and kept for a replay until the backend has answered).
+        """
+        body = self.for_backend(served_model, max_pixels)
+        self.payload, self.raw = {}, b""
+        return body
 
     def for_backend(self, served_model: str, max_pixels: int) -> bytes:
         """The body to send upstream: the served model name, steering fields removed, and

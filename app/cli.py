@@ -25,6 +25,9 @@ def _serve(args: argparse.Namespace) -> int:
         for error in exc.errors():
             print(f"ocrvl serve: {error['msg'].removeprefix('Value error, ')}", file=sys.stderr)
         return 2
+    from app.allocator import return_freed_memory
+
+    return_freed_memory()
     uvicorn.run(
         create_app(settings),
         host=settings.host,

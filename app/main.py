@@ -11,6 +11,7 @@ import httpx
 from fastapi import FastAPI
 
 from app import __version__, logs
+from app.allocator import trim_when_idle
 from app.auth import Keyring
 from app.backends import BackendPool
 from app.context import RequestContextMiddleware
@@ -103,6 +104,7 @@ def create_app(settings: Settings) -> FastAPI:
             collector = metrics.watch_backends(scheduler.readings)
             watchers = [
                 asyncio.create_task(pool.watch()),
+                asyncio.create_task(trim_when_idle(scheduler.busy)),
                 asyncio.create_task(
                     scheduler.watch(
                         client, auth_header, settings.metrics_interval, settings.connect_timeout

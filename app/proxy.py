@@ -87,7 +87,7 @@ class Relay:
         to another backend (a broken answer is replayed once: a page that crashes engines must
         not take them all down). A non-streaming answer's slot is released here.
         """
-        body = chat.for_backend(served, self._max_pixels)
+        body = chat.take_body(served, self._max_pixels)
         headers = {
             "content-type": "application/json",
             "accept": "text/event-stream" if chat.stream else "application/json",

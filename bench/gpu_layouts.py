@@ -382,7 +382,7 @@ def main_cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm", default=f"{sys.executable} -m vllm.entrypoints.cli.main",
                         help="how to call vLLM's CLI")  # fmt: skip
     parser.add_argument("--levels", default="1,8,32,64,128,256")
-    parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per level")
+    parser.add_argument("--duration", type=float, default=15.0, help="measured seconds per level")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-out")))
     args = parser.parse_args(argv)
     vllm = shlex.split(args.vllm)

@@ -57,7 +57,7 @@ def _sweep(args: argparse.Namespace) -> int:
         urls=urls, keys=keys, labels=labels, levels=args.concurrency, model=args.model,
         requests=args.requests, duration=args.duration, warmup=args.warmup, pages=args.pages,
         corpus=args.corpus, shape=shape, metrics_urls=args.metrics_url,
-        metrics_interval=args.metrics_interval, max_error_rate=args.max_error_rate,
+        metrics_interval=args.metrics_interval, max_error_rate=args.max_error_rate, ramp=args.ramp,
         timeout=args.timeout, out=out, name=args.name, plot=not args.no_plot,
         command=shlex.join(["ocrvl", "bench", "sweep", *sys.argv[3:]])
         if sys.argv[1:3] == ["bench", "sweep"]
@@ -96,6 +96,8 @@ def register(commands: Any) -> None:
     length.add_argument("--duration", type=duration, help="measured time per level, e.g. 60s")
     length.add_argument("--requests", type=int, help="measured requests per level (default 100)")
     add("--warmup", type=int, help="unmeasured requests before each level (default: its C)")
+    add("--ramp", type=float,
+        help="seconds over which C requests start (default: about one latency)")  # fmt: skip
     add("--pages", default="synthetic", help="'synthetic' or a folder of page images")
     add("--corpus", type=int, default=1000,
         help="synthetic pages with --duration; a level ends early when it has sent them all "

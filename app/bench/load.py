@@ -1,7 +1,9 @@
 """The closed loop: exactly C requests in flight, a warm-up, then a measured window.
 
 Each of C workers sends a page, waits for the whole answer and sends the next, so C requests are
-in flight until the level ends. The first `warmup` completions are not measured; the window
+in flight until the level ends. Workers start spread over `ramp` seconds, so that
+requests of equal length do not move in lock-step waves. The first `warmup` completions are not
+measured; the window
 starts at the last of them and ends when `requests` completions were measured, `duration` passed
 or the level's pages ran out. Requests still in flight then are cancelled (the client
 disconnects, so vLLM aborts them) and not counted.
@@ -113,6 +115,7 @@ class Plan:
     warmup: int
     requests: int | None = None
     duration: float | None = None
+    ramp: float = 0.0  # seconds over which the C workers start, evenly spaced
 
 
 @dataclass(slots=True)
@@ -189,8 +192,11 @@ async def run_level(
             run.cpu_seconds = time.process_time() - cpu_start
             stop.set()
 
-    async def worker() -> None:
+    async def worker(index: int) -> None:
         nonlocal warm, cpu_start
+        # Staggered starts: with fixed answer lengths, C requests started together stay in
+        # lock-step waves forever, and a window then counts whole waves, not a steady rate.
+        await asyncio.sleep(plan.ramp * index / plan.concurrency)
         while not stop.is_set():
             page = next(pages, None)
             if page is None:
@@ -220,7 +226,7 @@ async def run_level(
     if plan.warmup == 0:
         run.started, cpu_start = time.perf_counter(), time.process_time()
         measuring.set()
-    tasks = [asyncio.create_task(worker()) for _ in range(plan.concurrency)]
+    tasks = [asyncio.create_task(worker(i)) for i in range(plan.concurrency)]
     if plan.duration:
         tasks.append(asyncio.create_task(timer()))
     await stop.wait()

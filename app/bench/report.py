@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = (
-    "target", "c", "requests", "ok", "429", "503", "failed", "pages/s", "tokens/s",
+    "target", "c", "requests", "ok", "429", "503", "failed", "pages/s", "C/avg pages/s",
+    "tokens/s",
     "avg s", "p50 s", "p90 s", "p99 s", "max s", "TTFT p50 s", "TTFT p99 s",
     "running max", "waiting max", "KV max %", "stopped (OOM)",
 )  # fmt: skip
@@ -67,6 +68,7 @@ def row(label: str, level: dict[str, Any], stopped: str = "") -> list[str]:
         str(level["unavailable"]),
         str(level["failed"]),
         _f(level["pages_per_s"], 2),
+        _f(level["closed_loop_pages_per_s"], 2),
         _f(level["output_tokens_per_s"], 1),
         *(_f(latency.get(k), 3) for k in ("avg", "p50", "p90", "p99", "max")),
         _f(ttft.get("p50"), 3),

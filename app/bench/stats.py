@@ -54,6 +54,11 @@ def summarize(run: LevelRun, concurrency: int, peaks: Peaks | None) -> dict[str,
         "seconds": seconds,
         "ended_by": run.ended_by,
         "pages_per_s": len(ok) / seconds,
+        # Little's law for a closed loop (C always in flight): a rate that does not depend on
+        # how completions happen to fall into a short window
+        "closed_loop_pages_per_s": concurrency / (sum(o.end - o.start for o in ok) / len(ok))
+        if ok
+        else 0.0,
         "output_tokens_per_s": sum(o.tokens for o in ok) / seconds,
         "output_tokens_avg": sum(o.tokens for o in ok) / len(ok) if ok else 0.0,
         "latency_s": spread([o.end - o.start for o in ok]),

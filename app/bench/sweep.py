@@ -7,6 +7,7 @@ of a shared machine falls on both sides of each ratio alike.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ class Config:
     shape: Shape = field(default_factory=Shape)
     metrics_urls: list[str] = field(default_factory=list)
     metrics_interval: float = 0.5
+    ramp: float | None = None  # None: the previous level's mean latency, scaled by C
     max_error_rate: float = 0.1
     timeout: float = 300.0
     out: Path = Path("sweep")
@@ -90,6 +92,18 @@ async def _describe(
         metrics = [f"{url}/metrics"]
     facts = {"label": label, "url": url, "model": model, "server_version": version}
     return Target(label, url, key, model), facts | {"metrics": ", ".join(metrics) or None}
+
+
+def _ramp(config: Config, done: list[dict[str, Any]], label: str, concurrency: int) -> float:
+    """Seconds to spread the level's starts over: given, or about one request's latency at
+    this level (the previous level's mean, scaled by C), at most 30 s."""
+    if config.ramp is not None:
+        return config.ramp
+    previous = done[-1]["targets"].get(label) if done else None
+    if not previous or not previous["latency_s"]:
+        return 0.0
+    scale = max(1.0, concurrency / previous["concurrency"])
+    return float(min(30.0, previous["latency_s"]["avg"] * scale))
 
 
 def _stop_reason(level: dict[str, Any]) -> str:
@@ -159,7 +173,8 @@ async def run(config: Config, pages: list[Page], corpus: str, err: TextIO) -> di
             entry: dict[str, Any] = {"concurrency": concurrency, "order": [], "targets": {}}
             for turn, target in enumerate(targets if index % 2 == 0 else targets[::-1]):
                 plan = Plan(concurrency, config.warmup_at(concurrency), config.requests,
-                            config.duration)  # fmt: skip
+                            config.duration, _ramp(config, result["levels"], target.label,
+                                                   concurrency))  # fmt: skip
                 bar = Progress(err, f"{target.label} c={concurrency}", plan.requests, plan.duration)
                 async with engine.watching(
                     side, metrics[target.label], config.metrics_interval
@@ -190,6 +205,7 @@ async def run(config: Config, pages: list[Page], corpus: str, err: TextIO) -> di
                 err.write(f"sweep stopped at c={concurrency}: {result['stopped']['reason']}\n")
                 break
         result["load_generator"] = _load_totals(result["levels"])
+        result["machine"]["loadavg_at_end"] = os.getloadavg()
         return result
 
 
@@ -206,6 +222,9 @@ def _settings(config: Config, corpus: str) -> dict[str, Any]:
         "stream": config.shape.stream,
         "max_error_rate": config.max_error_rate,
         "metrics_interval": config.metrics_interval,
+        "ramp": "auto (previous level's mean latency x C ratio, at most 30 s)"
+        if config.ramp is None
+        else config.ramp,
         "timeout": config.timeout,
     }
 

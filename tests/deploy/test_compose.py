@@ -170,6 +170,35 @@ def test_monitoring_override_adds_prometheus_and_grafana(tmp_path: Path) -> None
     assert environment["GF_SECURITY_ADMIN_PASSWORD"] == REQUIRED["GRAFANA_ADMIN_PASSWORD"]
 
 
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_gateway_and_nginx_are_locked_down_in_every_layout(name: str, tmp_path: Path) -> None:
+    """Non-root, read-only root, no capabilities, no privilege gain, memory and pids capped;
+    client keys from the mounted keys folder (the docker tier checks the running containers)."""
+    services = layout(name, tmp_path)["services"]
+    for service_name, uid in (("gateway", "10001"), ("nginx", "101")):
+        service = services[service_name]
+        assert service["user"] == f"{uid}:{uid}", service_name
+        assert service["read_only"] is True, service_name
+        assert service["cap_drop"] == ["ALL"], service_name
+        assert "cap_add" not in service, service_name
+        assert service["security_opt"] == ["no-new-privileges:true"], service_name
+        assert service["mem_limit"], service_name
+        assert service["pids_limit"], service_name
+        assert service["tmpfs"], service_name
+    gateway = services["gateway"]
+    assert gateway["secrets"] == [{"source": "ocrvl-keys", "target": "/run/secrets/ocrvl-keys"}]
+    keys_file = gateway["environment"]["OCRVL_API_KEYS_FILE"]
+    assert keys_file == "/run/secrets/ocrvl-keys/api-keys.json"
+    assert gateway["environment"]["OCRVL_API_KEYS"] == ""
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_no_layout_needs_an_engine_newer_than_20_10(name: str, tmp_path: Path) -> None:
+    """No `healthcheck.start_interval` (Engine 25+), which Engine 20.10 refuses."""
+    for service_name, service in layout(name, tmp_path)["services"].items():
+        assert "start_interval" not in service["healthcheck"], service_name
+
+
 @pytest.mark.parametrize(
     ("name", "variable"),
     [("base", "GPU_PROFILE"), ("base", "VLLM_API_KEY"), ("monitoring", "GRAFANA_ADMIN_PASSWORD")],

@@ -1,6 +1,7 @@
 """scripts/up.sh: GPU_PROFILE detected by `ocrvl profile detect` before `docker compose up -d`.
 
-Docker cannot run here, so `docker` and `ocrvl` are stand-ins on PATH that record their calls.
+No GPU to detect here, so `docker` and `ocrvl` are stand-ins on PATH that record their calls
+(the docker tier, tests/deploy/docker/, runs `docker compose up` for real).
 """
 
 from __future__ import annotations

