@@ -14,7 +14,7 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # Build stage: the project and its runtime dependencies (no dev group) in a venv, then the
 # venv's own pip and setuptools removed. No .pyc files (--no-compile): 20 MB less image, and a
 # read-only root file system could not keep them anyway; the gateway compiles what it imports
-# at start (well under a second).
+# at each start (its imports take 1.0 s instead of 0.5 s, measured on the CI machine).
 FROM ${PYTHON_IMAGE} AS build
 ARG PIP_NO_INDEX=0
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_FIND_LINKS=/src/wheelhouse

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,17 @@ from app.errors import InvalidRequest
 # chat-template injection and media fetching). Everything else passes through untouched,
 # notably what PaddleOCR's client sends: mm_processor_kwargs, skip_special_tokens, ...
 STRIPPED = ("chat_template", "chat_template_kwargs", "media_io_kwargs")
+BLOB_MIN = 4096  # a string this long that starts with "data:" is an inline image
+_BLOB_START = b'"data:'
+
+
+@dataclass(frozen=True, slots=True)
+class Blobs:
+    """A body's inline images, left out of its parsed form: each one's span in the raw body,
+    and the placeholder string that stands for it in the parsed form (`{tag}{index}`)."""
+
+    spans: tuple[tuple[int, int], ...]
+    tag: str
 
 
 @dataclass(slots=True)
@@ -23,6 +35,7 @@ class ChatRequest:
     raw: bytes
     model: str
     stream: bool
+    blobs: Blobs | None = None  # inline images the payload holds only as placeholders
 
     def take_body(self, served_model: str, max_pixels: int) -> bytes:
         """`for_backend`'s body, and the request gives up its own copies (raw and parsed).
@@ -50,7 +63,27 @@ class ChatRequest:
         cleaned["model"] = served_model
         if pixels is not None:
             cleaned["mm_processor_kwargs"] = pixels
-        return orjson.dumps(cleaned)
+        return self.encode(cleaned)
+
+    def encode(self, payload: dict[str, Any]) -> bytes:
+        """`payload` as JSON, each image placeholder replaced by the image's original bytes."""
+        encoded = orjson.dumps(payload)
+        if self.blobs is None:
+            return encoded
+        pieces, position = [], 0
+        for index, (start, end) in enumerate(self.blobs.spans):
+            placeholder = f'"{self.blobs.tag}{index}"'.encode()
+            found = encoded.find(placeholder, position)
+            if found < 0:  # the image was in a field that was dropped
+                continue
+            pieces += [encoded[position : found + 1], self.raw[start:end]]
+            position = found + len(placeholder) - 1
+        pieces.append(encoded[position:])
+        return b"".join(pieces)
+
+    def rewritten(self) -> ChatRequest:
+        """The request again, from its payload as changed in place (images inlined)."""
+        return parse(self.encode(self.payload))
 
 
 def _clamped_pixels(kwargs: object, max_pixels: int) -> dict[str, Any] | None:
@@ -70,9 +103,23 @@ def _clamped_pixels(kwargs: object, max_pixels: int) -> dict[str, Any] | None:
 
 
 def parse(raw: bytes) -> ChatRequest:
-    """Check that `raw` is a chat completion request; 400 naming the field otherwise."""
+    """Check that `raw` is a chat completion request; 400 naming the field otherwise.
+
+    Inline images (long `data:` strings) are not parsed: the gateway needs only their scheme,
+    and parsing a 1 MB image into a 1 MB string costs time and a second copy. They stay bytes
+    in `raw`, placeholders in the payload, and go to vLLM as the client sent them (vLLM
+    decodes and checks them; a malformed one gets vLLM's 400).
+    """
+    outline = _outline(raw)
+    blobs = None
     try:
-        payload = orjson.loads(raw)
+        if outline is not None:
+            try:
+                payload, blobs = orjson.loads(outline[0]), outline[1]
+            except orjson.JSONDecodeError:  # the outline was no help: parse it all
+                payload = orjson.loads(raw)
+        else:
+            payload = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
@@ -88,7 +135,40 @@ def parse(raw: bytes) -> ChatRequest:
         stream = False
     if not isinstance(stream, bool):
         raise InvalidRequest("`stream` must be true or false", param="stream")
-    return ChatRequest(payload=payload, raw=raw, model=model, stream=stream)
+    return ChatRequest(payload=payload, raw=raw, model=model, stream=stream, blobs=blobs)
+
+
+def _outline(raw: bytes) -> tuple[bytes, Blobs] | None:
+    """`raw` with each long `data:` string swapped for a short placeholder, or None when it
+    has none (or one that is not a plain string, e.g. holding escaped quotes)."""
+    spans = []
+    at = raw.find(_BLOB_START)
+    while at >= 0:
+        end = raw.find(b'"', at + 1)
+        if end < 0:
+            return None
+        if end - at - 1 >= BLOB_MIN and not _escaped(raw, at):
+            if raw[end - 1] == ord("\\"):  # an escaped quote inside: not a plain image string
+                return None
+            spans.append((at + 1, end))
+        at = raw.find(_BLOB_START, end + 1)
+    if not spans:
+        return None
+    tag = f"data:,ocrvl-{secrets.token_hex(8)}-"
+    pieces, position = [], 0
+    for index, (start, end) in enumerate(spans):
+        pieces += [raw[position:start], f"{tag}{index}".encode()]
+        position = end
+    pieces.append(raw[position:])
+    return b"".join(pieces), Blobs(tuple(spans), tag)
+
+
+def _escaped(raw: bytes, quote: int) -> bool:
+    """Whether the quote at `quote` is escaped (an odd run of backslashes before it)."""
+    backslashes = 0
+    while quote - backslashes - 1 >= 0 and raw[quote - backslashes - 1] == ord("\\"):
+        backslashes += 1
+    return backslashes % 2 == 1
 
 
 def _check_messages(messages: object) -> None:

@@ -26,6 +26,7 @@ from app.routes import chat, health, models, ocr
 from app.scheduling import Scheduler
 from app.settings import Settings
 from app.state import Gateway, State
+from app.upstream import Upstream
 
 log = logging.getLogger("ocrvl.main")
 
@@ -111,9 +112,11 @@ def create_app(settings: Settings) -> FastAPI:
                     )
                 ),
             ]
+            upstream = Upstream(
+                settings.max_connections, settings.keepalive_expiry, settings.connect_timeout
+            )
             relay = Relay(
-                client,
-                transport,
+                upstream,
                 pool,
                 scheduler,
                 backend_key=backend_key,
@@ -138,6 +141,7 @@ def create_app(settings: Settings) -> FastAPI:
                     )
                 )
             finally:
+                upstream.close()
                 await media.aclose()
                 await asyncio.to_thread(documents.close)
                 await quotas.close()

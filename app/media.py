@@ -15,12 +15,10 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import httpx
-import orjson
 
 from app.chat import ChatRequest
 from app.documents.errors import DocumentError
@@ -132,7 +130,7 @@ class MediaPolicy:
                     changed = True
         if not changed:
             return chat
-        return replace(chat, raw=orjson.dumps(chat.payload))
+        return chat.rewritten()
 
     async def inline(self, url: str, param: str) -> str:
         """The image at `url` as a data: URL (for chat: images only)."""

@@ -29,6 +29,7 @@ from app.errors import (
     UpstreamError,
 )
 from app.scheduling import Lease, Scheduler
+from app.upstream import Upstream, UpstreamResponse
 
 ERROR_BODY_LIMIT = 64 * 1024  # enough for any vLLM error; a runaway body is cut
 # vLLM writes compact JSON; a byte search finds a cut-off answer without parsing the body.
@@ -43,8 +44,7 @@ class Relay:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
-        transport: httpx.AsyncBaseTransport,
+        upstream: Upstream,
         pool: BackendPool,
         scheduler: Scheduler,
         *,
@@ -52,10 +52,7 @@ class Relay:
         request_timeout: float,
         max_pixels: int,
     ) -> None:
-        # Requests go straight to the client's transport (its connection pool): the client
-        # layer's cookies, redirects and auth hooks do nothing here and cost CPU per request.
-        self._transport = transport
-        self._timeouts = client.timeout.as_dict()
+        self._upstream = upstream
         self._pool = pool
         self._scheduler = scheduler
         self._auth = {"authorization": f"Bearer {backend_key}"} if backend_key else {}
@@ -79,7 +76,7 @@ class Relay:
 
     async def _answer(
         self, chat: ChatRequest, served: str, context: RequestContext
-    ) -> tuple[Lease, httpx.Response, bytes, AsyncIterator[bytes] | None]:
+    ) -> tuple[Lease, UpstreamResponse, bytes, AsyncIterator[bytes] | None]:
         """The upstream response and its first bytes: the whole body, or a stream's first chunk.
 
         Until then nothing has reached the client, so a backend that refuses the connection, or
@@ -144,17 +141,10 @@ class Relay:
 
     async def _send(
         self, backend: Backend, body: bytes, headers: dict[str, str], context: RequestContext
-    ) -> httpx.Response:
-        request = httpx.Request(
-            "POST",
-            f"{backend.url}/v1/chat/completions",
-            content=body,
-            headers=headers,
-            extensions={"timeout": self._timeouts},
-        )
+    ) -> UpstreamResponse:
         started = time.perf_counter()
         try:
-            return await self._transport.handle_async_request(request)
+            return await self._upstream.post(backend.url, "/v1/chat/completions", headers, body)
         finally:
             context.upstream_seconds += time.perf_counter() - started
 
@@ -164,7 +154,7 @@ class RelayStream(Response):
 
     def __init__(
         self,
-        upstream: httpx.Response,
+        upstream: UpstreamResponse,
         chunks: tuple[bytes, AsyncIterator[bytes]],
         lease: Lease,
         context: RequestContext,
@@ -230,7 +220,7 @@ class RelayStream(Response):
 
 
 async def _head(
-    upstream: httpx.Response, context: RequestContext, *, whole: bool
+    upstream: UpstreamResponse, context: RequestContext, *, whole: bool
 ) -> tuple[bytes, AsyncIterator[bytes] | None]:
     """The whole body, or a stream's first chunk and the iterator of the rest."""
     started = time.perf_counter()
@@ -244,7 +234,7 @@ async def _head(
         context.upstream_seconds += time.perf_counter() - started
 
 
-async def _rejection(upstream: httpx.Response, context: RequestContext) -> BackendRejected:
+async def _rejection(upstream: UpstreamResponse, context: RequestContext) -> BackendRejected:
     """The backend's error status and body as the error to answer (body read up to a cap)."""
     started = time.perf_counter()
     try:
@@ -260,7 +250,7 @@ async def _rejection(upstream: httpx.Response, context: RequestContext) -> Backe
     return backend_error(upstream.status_code, b"".join(chunks))
 
 
-async def _close(upstream: httpx.Response | None, lease: Lease) -> None:
+async def _close(upstream: UpstreamResponse | None, lease: Lease) -> None:
     """Close the upstream response (vLLM aborts an unfinished request) and free the slot."""
     try:
         if upstream is not None:

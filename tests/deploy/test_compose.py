@@ -192,6 +192,17 @@ def test_gateway_and_nginx_are_locked_down_in_every_layout(name: str, tmp_path: 
     assert gateway["environment"]["OCRVL_API_KEYS"] == ""
 
 
+def test_every_gateway_setting_reaches_the_gateway_container(tmp_path: Path) -> None:
+    """Each OCRVL_* setting can be given in .env: compose sets it or passes it on when set."""
+    from app.settings import Settings  # noqa: PLC0415
+
+    environment = layout("base", tmp_path)["services"]["gateway"]["environment"]
+    settings = {f"OCRVL_{name.upper()}" for name in Settings.model_fields}
+    assert settings - set(environment) == set()
+    passed_on = resolved([BASE], tmp_path, OCRVL_KEY_RPM="30")["services"]["gateway"]
+    assert passed_on["environment"]["OCRVL_KEY_RPM"] == "30"
+
+
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_no_layout_needs_an_engine_newer_than_20_10(name: str, tmp_path: Path) -> None:
     """No `healthcheck.start_interval` (Engine 25+), which Engine 20.10 refuses."""

@@ -64,8 +64,8 @@ async def test_a_stream_holds_its_slot_until_it_ends(fake: FakeVLLM) -> None:
             async with client.stream(
                 "POST", "/v1/chat/completions", json={**BODY, "stream": True}
             ) as streaming:
-                async for _ in streaming.aiter_raw():
-                    break
+                chunks = streaming.aiter_raw()  # held: a dropped iterator closes the stream
+                assert await anext(chunks)
                 during = await client.post("/v1/chat/completions", json=BODY)
             fake.mode = "ok"
             await asyncio.to_thread(fake.disconnected.wait, 2)

@@ -126,6 +126,12 @@ class Stack:
             pytest.fail(f"docker compose {' '.join(args)} failed:\n{result.stderr[-6000:]}")
         return result.stdout + result.stderr
 
+    def save_logs(self) -> Path:
+        """Every service's log so far, kept beside the env file for a post-mortem."""
+        path = self.home / "compose.log"
+        path.write_text(self.compose("logs", "--no-color", "--timestamps", check=False))
+        return path
+
     def container(self, service: str) -> str:
         return f"{PROJECT}-{service}-1"
 
@@ -208,4 +214,6 @@ def stack(
         raise
     print(f"docker tier: build {built - started:.0f} s, up --wait {time.monotonic() - built:.0f} s")
     yield running
+    if running.containers():
+        print(f"docker tier: service logs in {running.save_logs()}")
     running.compose("down", "--volumes", "--remove-orphans", check=False)

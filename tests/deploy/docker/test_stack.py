@@ -146,6 +146,7 @@ def test_gateway_restart_under_a_trickle_gets_json_502s_then_200s_again(stack: S
 
 def test_down_leaves_no_container_and_no_network(stack: Stack) -> None:
     """`docker compose down` removes every container and the project's network."""
+    print(f"docker tier: service logs in {stack.save_logs()}")
     stack.compose("down", timeout=180)
     assert stack.containers() == []
     assert "ocrvl-test" not in stack.compose("ls", "--all", "--format", "json")
