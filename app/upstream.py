@@ -190,7 +190,7 @@ class Upstream:
                 connection, reused = await self._connect(key), False
             try:
                 return await self._exchange(connection, head, body)
-            except httpx.RemoteProtocolError:
+            except (httpx.RemoteProtocolError, httpx.WriteError):
                 if not reused or connection.started:
                     raise
             return await self._exchange(await self._connect(key), head, body)
@@ -204,7 +204,10 @@ class Upstream:
         transport = connection.transport
         assert transport is not None  # noqa: S101 (connected)
         try:
-            transport.writelines((head, body))
+            try:
+                transport.writelines((head, body))
+            except (RuntimeError, OSError) as exc:  # the transport closed under us
+                raise httpx.WriteError(str(exc) or type(exc).__name__) from None
             await connection.head_done
         except BaseException:
             connection.close()  # cancelled or failed mid-exchange: nothing reusable is left
@@ -216,7 +219,8 @@ class Upstream:
         now = time.monotonic()
         while idle:
             connection = idle.pop()
-            if not connection.closed and now - connection.idle_since < self._expiry:
+            fresh = now - connection.idle_since < self._expiry
+            if fresh and not connection.closed and not _closing(connection):
                 connection._reset()
                 return connection
             connection.close()
@@ -252,6 +256,10 @@ class Upstream:
             for connection in idle:
                 connection.close()
         self._idle.clear()
+
+
+def _closing(connection: _Connection) -> bool:
+    return connection.transport is None or connection.transport.is_closing()
 
 
 def _head(path: str, host: str, headers: dict[str, str], length: int) -> bytes:

@@ -1,0 +1,189 @@
+"""The relay's HTTP/1.1 client: keep-alive reuse, streamed bodies, and failures as httpx types."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+
+from app.upstream import Upstream
+from tests.support.servers import free_port
+
+pytestmark = pytest.mark.anyio
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+Serve = Callable[[Handler], Awaitable[str]]
+OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """One request: head and content-length body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+    return head + await reader.readexactly(length)
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    """Start a raw TCP server on loopback with the given connection handler; its base URL."""
+    servers: list[asyncio.Server] = []
+
+    async def start(handler: Handler) -> str:
+        async def closing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await handler(reader, writer)
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(closing, "127.0.0.1", 0)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+    yield start
+    for server in servers:
+        server.close()
+        await server.wait_closed()
+
+
+async def post(upstream: Upstream, url: str, body: bytes = b"{}") -> tuple[int, bytes]:
+    response = await upstream.post(url, "/v1/chat/completions", {"x-test": "1"}, body)
+    try:
+        return response.status_code, b"".join([chunk async for chunk in response.aiter_raw()])
+    finally:
+        await response.aclose()
+
+
+async def test_sequential_requests_share_one_keep_alive_connection(serve: Serve) -> None:
+    """Three requests in a row travel on one connection, each body arriving whole."""
+    connections = 0
+    bodies: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                bodies.append(await read_request(reader))
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(OK)
+
+    url = await serve(handler)
+    upstream = Upstream(10, 4.0, 1.0)
+    results = [await post(upstream, url, b'{"n": %d}' % i) for i in range(3)]
+    upstream.close()
+    assert results == [(200, b"{}")] * 3
+    assert connections == 1
+    assert [b.rsplit(b"\r\n", 1)[1] for b in bodies] == [b'{"n": 0}', b'{"n": 1}', b'{"n": 2}']
+    assert b"x-test: 1" in bodies[0]
+
+
+async def test_a_chunked_stream_arrives_piece_by_piece(serve: Serve) -> None:
+    """A chunked answer is handed on chunk by chunk, framing removed."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for part in (b"data: a\n\n", b"data: b\n\n"):
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.write(b"0\r\n\r\n")
+
+    url = await serve(handler)
+    upstream = Upstream(10, 4.0, 1.0)
+    response = await upstream.post(url, "/v1/chat/completions", {}, b"{}")
+    chunks = [chunk async for chunk in response.aiter_raw()]
+    await response.aclose()
+    upstream.close()
+    assert chunks == [b"data: a\n\n", b"data: b\n\n"]
+
+
+async def test_a_refused_connection_is_a_connect_error() -> None:
+    """Nothing listening: httpx.ConnectError, so the relay tries another backend."""
+    upstream = Upstream(10, 4.0, 1.0)
+    with pytest.raises(httpx.ConnectError):
+        await post(upstream, f"http://127.0.0.1:{free_port()}")
+
+
+@pytest.mark.parametrize(
+    ("reply", "error"),
+    [
+        (b"", httpx.RemoteProtocolError),  # closed without a byte
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n{}", httpx.RemoteProtocolError),
+        (b"NOT HTTP AT ALL\r\n\r\n", httpx.RemoteProtocolError),
+    ],
+    ids=["closed-before-answering", "closed-mid-body", "malformed"],
+)
+async def test_a_backend_that_breaks_raises_httpx_errors(
+    serve: Serve, reply: bytes, error: type[Exception]
+) -> None:
+    """The relay reads these as 'broke before answering' (replayed) or a broken stream."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(reply)
+        await writer.drain()
+        writer.close()
+
+    url = await serve(handler)
+    upstream = Upstream(10, 4.0, 1.0)
+    with pytest.raises(error):
+        await post(upstream, url)
+
+
+async def test_an_idle_connection_the_backend_closed_is_replaced_transparently(
+    serve: Serve,
+) -> None:
+    """The keep-alive race: the pooled connection was closed by the backend; the request goes
+    out again on a new connection instead of failing."""
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+        if connections == 1:
+            await asyncio.sleep(0.05)
+            writer.close()  # a server whose keep-alive expired
+            return
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(OK)
+
+    url = await serve(handler)
+    upstream = Upstream(10, 4.0, 1.0)
+    assert await post(upstream, url) == (200, b"{}")
+    await asyncio.sleep(0.2)  # the server has closed the idle connection
+    assert await post(upstream, url) == (200, b"{}")
+    upstream.close()
+    assert connections == 2
+
+
+async def test_a_cancelled_request_closes_its_connection(serve: Serve) -> None:
+    """Cancelling while the backend works closes the connection: vLLM aborts the request."""
+    closed = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await reader.read()  # until the gateway hangs up
+        closed.set()
+
+    url = await serve(handler)
+    upstream = Upstream(10, 4.0, 1.0)
+    task = asyncio.create_task(post(upstream, url))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(closed.wait(), 2)
