@@ -319,6 +319,14 @@ def merge(out: Path, names: list[str] | None) -> int:
         "targets": [found[n]["targets"][0] | {"label": n} for n in order],
         "levels": [],
         "stopped": next((found[n]["stopped"] for n in order if found[n]["stopped"]), None),
+        "interleaved": False,
+        "vllm": {
+            "version": VLLM_VERSION,
+            "profile": f"{PROFILE.relative_to(ROOT)} minus what vLLM {VLLM_VERSION} lacks",
+            "flags": profile_for(VLLM_VERSION),
+            "per_layout": "gpu-memory-utilization = share, --api-server-count = API servers",
+            "checkpoint": "python -m tests.support.tiny_model DIR --full (random weights)",
+        },
         "layouts": [summary(found[n]) for n in order],
         "load_generator": first["load_generator"],
     }
@@ -341,6 +349,9 @@ def merge(out: Path, names: list[str] | None) -> int:
     reporting.write(merged, out, stem)
     with (out / f"{stem}.md").open("a") as md:
         md.write("\n" + layouts_table(merged["layouts"]) + "\n")
+        flags = " ".join(f"--{k} {v}" for k, v in merged["vllm"]["flags"].items())
+        md.write(f"\nvLLM {VLLM_VERSION}, each engine: `vllm serve <full-size checkpoint> {flags}`"
+                 f" with {merged['vllm']['per_layout']}.\n")  # fmt: skip
     print((out / f"{stem}.md").read_text())
     return 0
 

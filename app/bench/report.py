@@ -154,7 +154,8 @@ def markdown(report: dict[str, Any]) -> str:
         results_table(report) + "\n",
     ]
     if len(report["targets"]) > 1:
-        parts += ["Ratios (interleaved level by level):\n", ratios_table(report) + "\n"]
+        how = "interleaved level by level" if report.get("interleaved", True) else "runs in turn"
+        parts += [f"Ratios to the first target ({how}):\n", ratios_table(report) + "\n"]
     if report.get("plot"):
         parts.append(f"![pages/s and p99 against concurrency]({report['plot']})\n")
     return "\n".join(parts)

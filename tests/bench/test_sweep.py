@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from PIL import Image
 
 from app.bench.commands import duration, levels
-from app.bench.load import Outcome
+from app.bench.corpus import Page
+from app.bench.load import Outcome, Plan, Shape, Target, run_level
 from app.bench.progress import Progress
+from app.bench.sweep import Config, _ramp
 from app.cli import main
 from tests.support.fake_backend import FakeVLLM
 
@@ -145,3 +150,41 @@ def test_the_gateway_never_loads_the_load_tools() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "['app.bench', 'app.bench.commands']"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("ramp", "spread_at_least", "spread_below"), [(0.0, 0.0, 0.05), (0.4, 0.25, 0.4)]
+)
+async def test_a_ramp_spreads_the_first_requests(
+    ramp: float, spread_at_least: float, spread_below: float
+) -> None:
+    """Workers start `ramp` seconds apart in total: equal-length requests leave lock-step."""
+    arrivals: list[float] = []
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        arrivals.append(time.perf_counter())
+        await asyncio.sleep(0.5)  # longer than the ramp: each worker's first request is in
+        return httpx.Response(200, json={"usage": {"completion_tokens": 1}})
+
+    pages = iter([Page(bytes([i]), "image/png", str(i)) for i in range(8)])
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        await run_level(
+            client, Target("t", "http://t", "", "m"), shape=Shape(), pages=pages,
+            plan=Plan(concurrency=4, warmup=0, requests=4, ramp=ramp),
+        )  # fmt: skip
+    first = sorted(arrivals)[:4]
+    assert spread_at_least <= first[-1] - first[0] < spread_below
+
+
+def test_the_automatic_ramp_is_about_one_latency_at_the_new_level() -> None:
+    """Level 2's ramp: level 1's mean latency times the concurrency ratio, at most 30 s."""
+    config = Config(urls=["u"], keys=[""], labels=["t"], levels=[8, 16])
+    done = [{"targets": {"t": {"concurrency": 8, "latency_s": {"avg": 2.0}}}}]
+    assert _ramp(config, [], "t", 8) == 0.0
+    assert _ramp(config, done, "t", 16) == 4.0
+    assert _ramp(config, done, "t", 1024) == 30.0
+    assert (
+        _ramp(Config(urls=["u"], keys=[""], labels=["t"], levels=[8], ramp=1.5), done, "t", 16)
+        == 1.5
+    )

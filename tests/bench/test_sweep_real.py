@@ -71,6 +71,7 @@ def test_every_level_of_both_targets_has_its_numbers(sweep: Sweep) -> None:
             assert level["errors"] == {}
             assert level["output_tokens_avg"] == TOKENS  # --ignore-eos: every answer is full
             assert level["pages_per_s"] > 0
+            assert level["closed_loop_pages_per_s"] > 0  # C / mean latency (Little's law)
             assert level["output_tokens_per_s"] == pytest.approx(level["pages_per_s"] * TOKENS)
             latency = level["latency_s"]
             assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
@@ -129,6 +130,7 @@ def test_the_markdown_table_matches_the_json(sweep: Sweep) -> None:
         assert int(row["ok"]) == level["ok"]
         assert (int(row["429"]), int(row["503"]), int(row["failed"])) == (0, 0, 0)
         assert float(row["pages/s"]) == round(level["pages_per_s"], 2)
+        assert float(row["C/avg pages/s"]) == round(level["closed_loop_pages_per_s"], 2)
         assert float(row["tokens/s"]) == round(level["output_tokens_per_s"], 1)
         for key in LATENCY:
             assert float(row[f"{key} s"]) == round(level["latency_s"][key], 3)
