@@ -168,6 +168,15 @@ def write_keys(folder: Path, names: Sequence[str]) -> dict[str, str]:
     return keys
 
 
+def python_home(folder: Path) -> str:
+    """The venv's base interpreter folder, to mount; Debian's own /usr is the image's already."""
+    if sys.base_prefix.rstrip("/") in ("/usr", ""):
+        empty = folder / "no-python-home"
+        empty.mkdir(exist_ok=True)
+        return str(empty)
+    return sys.base_prefix
+
+
 def env_file(folder: Path, keys_dir: Path, port: int) -> Path:
     """The stack's variables: stand-in images, the tiny model, loopback-only nginx."""
     values = {
@@ -183,7 +192,7 @@ def env_file(folder: Path, keys_dir: Path, port: int) -> Path:
         "OCRVL_KEYS_DIR": str(keys_dir),
         "MODEL": "/models/tiny",
         "OCRVL_TEST_VENV": sys.prefix,
-        "OCRVL_TEST_PYTHON_HOME": sys.base_prefix,
+        "OCRVL_TEST_PYTHON_HOME": python_home(folder),
         "OCRVL_TEST_MODEL": os.environ.get("TINY_MODEL_DIR", str(ROOT / ".cache" / "tiny-model")),
     }
     path = folder / "stack.env"
@@ -204,8 +213,11 @@ def stack(
     )
     running.compose("down", "--volumes", "--remove-orphans", check=False)
     started = time.monotonic()
+    previous = docker("image", "inspect", GATEWAY_TAG, "--format", "{{.Id}}", check=False).strip()
     running.compose("build", timeout=900)
     built = time.monotonic()
+    if previous and previous != docker("image", "inspect", GATEWAY_TAG, "--format", "{{.Id}}"):
+        docker("image", "rm", previous, check=False)  # vfs keeps every old build in full
     try:
         running.compose("up", "--detach", "--wait", timeout=UP_TIMEOUT)
     except BaseException:

@@ -41,8 +41,11 @@ def test_client_keys_come_from_the_secret_file_not_the_environment(stack: Stack)
         assert key not in environment
     assert "OCRVL_API_KEYS=\n" in environment + "\n"
     assert "OCRVL_API_KEYS_FILE=/run/secrets/ocrvl-keys/api-keys.json" in environment
-    # Settings passed on from .env only when set: unset ones are absent, not empty.
-    assert "OCRVL_KEY_RPM" not in environment
+    # Settings passed on from .env only when set: the gateway's process does not see unset ones
+    # (docker inspect lists their bare names), so its own defaults apply.
+    process = stack.exec("gateway", "python", "-c", "import os; print(sorted(os.environ))").stdout
+    assert "'OCRVL_KEY_RPM'" not in process
+    assert "'OCRVL_AUTH'" in process
     mounts = {m["Destination"]: m for m in config["Mounts"]}
     assert mounts["/run/secrets/ocrvl-keys"]["RW"] is False
     readable = stack.exec("gateway", "cat", "/run/secrets/ocrvl-keys/api-keys.json")

@@ -100,6 +100,26 @@ def test_hey_under_the_limit_gets_only_200s(stack: Stack, tmp_path: Path) -> Non
     assert status_codes(summary) == {200: 12}, summary
 
 
+def test_a_key_created_with_the_image_works_at_once_without_a_restart(stack: Stack) -> None:
+    """docs/deploy.md's recipe: `ocrvl keys create` run in the gateway image into the keys
+    folder; the running gateway sees the replaced file through the folder secret."""
+    started = stack.inspect("gateway")["State"]["StartedAt"]
+    created = stack.compose(
+        "run", "--rm", "--no-deps", "--volume", f"{stack.home / 'keys'}:/keys", "gateway",
+        "ocrvl", "keys", "create", "ci-late", "--file", "/keys/api-keys.json",
+    )  # fmt: skip
+    key = next(word for word in created.split() if word.startswith("sk-ocrvl-"))
+    deadline = time.monotonic() + 5
+    while (status := models_status(stack, key)) != 200 and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert status == 200
+    assert stack.inspect("gateway")["State"]["StartedAt"] == started
+
+
+def models_status(stack: Stack, key: str) -> int:
+    return httpx.get(f"{stack.url}/v1/models", headers=bearer(key), timeout=10).status_code
+
+
 def trickle(url: str, key: str, stop: threading.Event, sent: list[tuple[Answer, float]]) -> None:
     """GET /v1/models ten times a second until `stop`; each answer and its seconds recorded."""
     with httpx.Client(timeout=15) as client:
