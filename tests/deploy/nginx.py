@@ -106,6 +106,16 @@ class Nginx:
     error_log: Path
     process: subprocess.Popen[bytes]
 
+    def log_lines(self, at_least: int = 1, timeout: float = 5.0) -> list[str]:
+        """The access log's lines, once it has `at_least` (nginx logs a request after its
+        last byte went out, so a fast client can look before the line is written)."""
+        deadline = time.monotonic() + timeout
+        lines = self.access_log.read_text().splitlines()
+        while len(lines) < at_least and time.monotonic() < deadline:
+            time.sleep(0.02)
+            lines = self.access_log.read_text().splitlines()
+        return lines
+
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
