@@ -31,13 +31,17 @@ class Servers:
     pids: dict[str, int]
 
 
-def _spawn(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def spawn(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
 
-def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + READY_WITHIN
+def wait_ready(
+    url: str, process: subprocess.Popen[bytes], log: Path, within: float = READY_WITHIN
+) -> None:
+    """Poll `url` until it answers 200; exit with the log's tail if the process dies or it
+    takes longer than `within` seconds."""
+    deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if process.poll() is not None:
             sys.exit(f"{url}: exited with {process.returncode}\n{log.read_text()[-3000:]}")
@@ -45,10 +49,10 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
             if httpx.get(url, timeout=2).status_code == 200:
                 return
         time.sleep(0.2)
-    sys.exit(f"{url} not ready after {READY_WITHIN} s\n{log.read_text()[-3000:]}")
+    sys.exit(f"{url} not ready after {within:g} s\n{log.read_text()[-3000:]}")
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.terminate()
         try:
@@ -92,9 +96,9 @@ def running(
     with contextlib.ExitStack() as stack:  # stops the started processes, last first
         for name, (command, env, probe) in starts.items():
             log = workdir / f"{name}.log"
-            process = _spawn(command, log, env)
-            stack.callback(_stop, process)
-            _wait_ready(f"{urls[name]}{probe}", process, log)
+            process = spawn(command, log, env)
+            stack.callback(stop, process)
+            wait_ready(f"{urls[name]}{probe}", process, log)
             pids[name] = process.pid
         if pinned:  # the gateway gets a core of its own; backend and load generator share one
             pin(pids["gateway"], {1})

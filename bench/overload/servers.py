@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
+from bench.overhead.processes import spawn, stop, wait_ready
 from tests.support.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,38 +42,11 @@ class Stack:
         }
         log = self.workdir / f"gateway-{name}.log"
         command = [str(VENV_BIN / "ocrvl"), "serve", "--host", "127.0.0.1", "--port", str(port)]
-        process = _spawn(command, log, env)
-        self.exits.callback(_stop, process)
+        process = spawn(command, log, env)
+        self.exits.callback(stop, process)
         url = f"http://127.0.0.1:{port}"
-        _wait(f"{url}/ready", process, log, 60)
+        wait_ready(f"{url}/ready", process, log, 60)
         return url
-
-
-def _spawn(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-
-
-def _wait(url: str, process: subprocess.Popen[bytes], log: Path, limit: float) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            sys.exit(f"{url}: exited with {process.returncode}\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    sys.exit(f"{url} not ready after {limit:.0f} s\n{log.read_text()[-3000:]}")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @contextlib.contextmanager
@@ -95,13 +65,13 @@ def running(workdir: Path, model_dir: Path) -> Iterator[Stack]:
     port = free_port()
     with contextlib.ExitStack() as exits:
         log = workdir / "vllm.log"
-        process = _spawn(
+        process = spawn(
             [str(VENV_BIN / "vllm"), "serve", str(model_dir),
              "--config", str(ROOT / "vllm_configs" / "cpu.yaml"),
              "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED],
             log, engine_env,
         )  # fmt: skip
-        exits.callback(_stop, process)
+        exits.callback(stop, process)
         engine = f"http://127.0.0.1:{port}"
-        _wait(f"{engine}/health", process, log, 600)
+        wait_ready(f"{engine}/health", process, log, 600)
         yield Stack(engine, workdir, clean, exits)
