@@ -1,9 +1,8 @@
-"""The vLLM backends: their health, the models they serve, and which one takes a request."""
+"""The vLLM backends: their health, the models they serve, and who they are (discovery)."""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -62,7 +61,6 @@ class BackendPool:
         self._client = client
         self._headers = headers
         self._timeout = timeout
-        self._turn = itertools.count()
 
     async def probe(self, backend: Backend) -> None:
         """Ask one backend for `/health` and `/v1/models`; both must answer for it to serve."""
@@ -129,15 +127,6 @@ class BackendPool:
             for model_id, entry in backend.models.items():
                 served.setdefault(model_id, entry)
         return served
-
-    def candidates(self, model: str) -> list[Backend]:
-        """Healthy backends serving `model`, least busy first; ties rotate."""
-        serving = [b for b in self.healthy() if model in b.models]
-        if len(serving) > 1:
-            shift = next(self._turn) % len(serving)
-            serving = serving[shift:] + serving[:shift]
-            serving.sort(key=lambda backend: backend.in_flight)  # stable: keeps the rotation
-        return serving
 
     def problems(self) -> str:
         """Why the backends are not serving, for error messages and /ready."""

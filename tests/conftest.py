@@ -24,6 +24,7 @@ import pytest
 from app.main import create_app
 from app.settings import Settings
 from tests.support.fake_backend import FakeVLLM
+from tests.support.media import ImageHost
 from tests.support.servers import ThreadedServer, free_port, lifespan_client
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,6 +64,15 @@ def settings_for(*backends: str, **overrides: Any) -> Settings:
         **overrides,
     }
     return Settings(**values)
+
+
+@pytest.fixture
+def image_host() -> Iterator[ImageHost]:
+    """An ImageHost (a PNG, and who asked for it) on a loopback port."""
+    host = ImageHost()
+    with ThreadedServer(host) as server:
+        host.url = server.url
+        yield host
 
 
 @pytest.fixture

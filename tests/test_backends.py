@@ -9,6 +9,8 @@ import pytest
 
 from app.backends import Backend, BackendPool
 from app.main import create_app
+from app.metrics import Metrics
+from app.scheduling import Scheduler
 from app.settings import BackendSpec
 from tests.conftest import settings_for
 from tests.support.fake_backend import SERVED, FakeVLLM
@@ -65,6 +67,10 @@ async def test_least_busy_backend_takes_the_request() -> None:
         backend.healthy, backend.in_flight = backend is not sick, in_flight
         backend.models = {SERVED: {"id": SERVED}}
     pool.backends = [busy, idle, sick]
+    scheduler = Scheduler(pool, Metrics(), enabled=False, queue_size=0, queue_timeout=1)
     for _ in range(3):
-        assert [b.url for b in pool.candidates(SERVED)] == ["http://idle", "http://busy"]
-    assert pool.candidates("other-model") == []
+        lease = await scheduler.acquire(SERVED, "k")
+        assert lease is not None
+        assert lease.backend.url == "http://idle"
+        lease.release()
+    assert await scheduler.acquire("other-model", "k") is None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -22,18 +21,8 @@ from app.media import MediaPolicy, host_allowed, refusal
 from app.settings import Settings
 from tests.conftest import settings_for
 from tests.support.media import PNG, ImageHost
-from tests.support.servers import ThreadedServer
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def image_host() -> Iterator[ImageHost]:
-    """An ImageHost on a loopback port."""
-    host = ImageHost()
-    with ThreadedServer(host) as server:
-        host.url = server.url
-        yield host
 
 
 def never_connects() -> httpx.MockTransport:

@@ -18,6 +18,7 @@ from fastapi import Request
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
+from app.bodies import capped
 from app.documents.errors import DocumentError
 from app.documents.fanout import PROMPTS
 from app.documents.selection import PageSelection
@@ -163,21 +164,13 @@ def _boolean(fields: dict[str, Any], name: str) -> bool:
     raise InvalidRequest(f"`{name}` must be true or false; got {value!r}", param=name)
 
 
-async def _limited(request: Request, limit: int) -> AsyncGenerator[bytes]:
+def _limited(request: Request, limit: int) -> AsyncGenerator[bytes]:
     """The body's chunks, refused with 413 as soon as it passes `limit` bytes."""
     too_large = PayloadTooLarge(
         f"the request body is over {limit} bytes: a file may have at most "
         "OCRVL_MAX_FILE_BYTES; split the document or choose fewer pages before sending"
     )
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        yield chunk
+    return capped(request, limit, too_large)
 
 
 def spool(upload: Upload, data: bytes | None, folder: str) -> tuple[str, bytes]:

@@ -9,6 +9,7 @@ from starlette.types import Receive, Scope, Send
 
 from app import catalog, chat
 from app.auth import authenticate
+from app.bodies import capped
 from app.context import RequestContext
 from app.errors import GatewayError, PayloadTooLarge, error_response
 from app.quotas.asgi import admit
@@ -23,16 +24,7 @@ async def read_body(request: Request, limit: int) -> bytes:
         f"the request body is over {limit} bytes (OCRVL_MAX_BODY_BYTES); "
         "send a smaller or more compressed image"
     )
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return b"".join([chunk async for chunk in capped(request, limit, too_large)])
 
 
 async def chat_completions(request: Request) -> Response:

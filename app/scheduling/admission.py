@@ -76,19 +76,16 @@ class Scheduler:
         """Pages `backend` serves at once: its override, else what its engine says."""
         return backend.capacity or capacity.learnt(backend.engine)
 
-    def _free(self, model: str, exclude: frozenset[str]) -> Backend | None:
-        """The least loaded healthy backend serving `model` with a free slot."""
-        serving = [
-            b
-            for b in self.pool.healthy()
-            if model in b.models
-            and b.url not in exclude
-            and (not self.enabled or b.in_flight < self.capacity(b))
-        ]
-        if not serving:
-            return None
-        limits = {b.url: self.capacity(b) for b in serving}
-        return self._router.rank(serving, limits)[0]
+    def _serving(self, model: str, exclude: frozenset[str]) -> list[Backend]:
+        return [b for b in self.pool.healthy() if model in b.models and b.url not in exclude]
+
+    def _least_loaded(self, backends: list[Backend]) -> Backend:
+        return self._router.rank(backends, {b.url: self.capacity(b) for b in backends})[0]
+
+    def _free(self, serving: list[Backend]) -> Backend | None:
+        """The least loaded of `serving` with a free slot (any of them, admission off)."""
+        free = [b for b in serving if not self.enabled or b.in_flight < self.capacity(b)]
+        return self._least_loaded(free) if free else None
 
     # ----------------------------------------------------------------------------- admission
 
@@ -101,23 +98,20 @@ class Scheduler:
         `Overloaded` when the request can not wait. Cancelling the caller (client gone,
         deadline) takes it out of the queue at once.
         """
-        serving = [b for b in self.pool.healthy() if model in b.models and b.url not in exclude]
+        serving = self._serving(model, exclude)
         if not serving:
             return None
-        backend = self._free(model, exclude) if not self.queue else None
-        if backend is not None or not self.enabled:
-            backend = backend or self._router.rank(serving, self._limits(serving))[0]
+        # Waiters come first: a new request takes a free slot only when none is queued.
+        backend = self._free(serving) if not self.queue or not self.enabled else None
+        if backend is not None:
             return self._grant(backend)
-        return await self._wait(Waiter(key, model), exclude)
-
-    def _limits(self, backends: list[Backend]) -> dict[str, int]:
-        return {b.url: self.capacity(b) for b in backends}
+        return await self._wait(Waiter(key, model))
 
     def _grant(self, backend: Backend) -> Lease:
         backend.in_flight += 1
         return Lease(backend, self)
 
-    async def _wait(self, waiter: Waiter, exclude: frozenset[str]) -> Lease:
+    async def _wait(self, waiter: Waiter) -> Lease:
         if len(self.queue) >= self.queue_size:
             raise self._shed(
                 "queue_full",
@@ -167,7 +161,9 @@ class Scheduler:
         while self.queue:
             served = self.queue.pop_first(
                 lambda waiter: (
-                    None if waiter.granted.done() else self._free(waiter.model, frozenset())
+                    None
+                    if waiter.granted.done()
+                    else self._free(self._serving(waiter.model, frozenset()))
                 )
             )
             if served is None:

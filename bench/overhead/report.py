@@ -14,19 +14,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from app.bench.stats import quantile
 from bench.overhead import MODEL, PROCESSES, ROOT, TARGET_P50, TARGET_P99, TARGETS
 from bench.overhead.load import Cell
 
 PACKAGES = ("fastapi", "starlette", "uvicorn", "uvloop", "httptools", "httpx", "httpcore", "orjson")
-
-
-def quantile(values: list[float], q: float) -> float:
-    """The q-quantile, linearly interpolated between the closest ranks."""
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def _path(cell: Cell, name: str) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from tests.support.documents import (
     transparent_png,
 )
 from tests.support.media import ImageHost
-from tests.support.servers import ThreadedServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.anyio]
 MAX_PIXELS = 200_704  # the tiny checkpoint's own processor maximum: keeps CPU pages quick
@@ -344,15 +343,6 @@ def test_bodies_without_a_usable_file_get_400(
         response = http.post("/v1/ocr", content=body, headers={"content-type": content_type})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
-
-
-@pytest.fixture
-def image_host() -> Iterator[ImageHost]:
-    """A loopback HTTP server serving a PNG (and recording who asked)."""
-    host = ImageHost()
-    with ThreadedServer(host) as server:
-        host.url = server.url
-        yield host
 
 
 def chat_with_url(url: str) -> dict[str, Any]:
