@@ -52,12 +52,14 @@ LOGGED = {
 
 @dataclass(frozen=True)
 class Layout:
-    """Engines sharing one GPU: how many, each one's memory share, API servers and max seqs."""
+    """Engines per GPU (each with its memory share), API servers, max seqs, torch threads, GPUs."""
 
-    engines: int
+    engines: int  # per GPU
     share: float
     api_servers: int = 1
     max_num_seqs: int | None = None  # None: the profile's
+    omp_threads: int | None = None  # OMP_NUM_THREADS of each engine; None: vLLM's own choice
+    gpus: int = 1
 
 
 LAYOUTS = {
@@ -67,6 +69,16 @@ LAYOUTS = {
     "two-api2": Layout(2, 0.45, api_servers=2),
     "three": Layout(3, 0.30),
     "four": Layout(4, 0.22),
+    # vLLM 0.23's engine keeps torch's intra-op pool at the core count; its OpenMP workers
+    # spin after every small CPU op of the step loop (vLLM later pins serving to one thread).
+    "omp1": Layout(1, 0.95, omp_threads=1),
+    "two-omp1": Layout(2, 0.45, omp_threads=1),
+    "three-omp1": Layout(3, 0.30, omp_threads=1),
+    "four-omp1": Layout(4, 0.22, omp_threads=1),
+    "gpu2": Layout(1, 0.95, gpus=2),
+    "gpu2-omp1": Layout(1, 0.95, omp_threads=1, gpus=2),
+    "gpu2-two-omp1": Layout(2, 0.45, omp_threads=1, gpus=2),
+    "gpu2-three-omp1": Layout(3, 0.30, omp_threads=1, gpus=2),
 }
 
 
@@ -144,21 +156,31 @@ def engines(name: str, layout: Layout, vllm: list[str]) -> Iterator[list[tuple[s
     processes: list[subprocess.Popen[bytes]] = []
     started: list[tuple[str, Path]] = []
     try:
+        # One engine per GPU at a time, the GPUs in parallel: engines sharing a GPU must not
+        # profile its memory at the same time.
         for index in range(layout.engines):
-            port, log = _free_port(), WORK / f"vllm-{name}-{index}.log"
-            command = [*vllm, "serve", str(MODEL_DIR), "--config", str(profile),
-                       "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
-                       "--api-server-count", str(layout.api_servers)]  # fmt: skip
-            with log.open("wb") as out:
-                processes.append(
-                    subprocess.Popen(
-                        command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-                    )
-                )
+            wave: list[tuple[str, Path, subprocess.Popen[bytes]]] = []
+            for gpu in range(layout.gpus):
+                port, log = _free_port(), WORK / f"vllm-{name}-{gpu}-{index}.log"
+                command = [*vllm, "serve", str(MODEL_DIR), "--config", str(profile),
+                           "--host", "127.0.0.1", "--port", str(port), "--served-model-name",
+                           SERVED, "--api-server-count", str(layout.api_servers)]  # fmt: skip
+                environment = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+                if layout.omp_threads:
+                    environment["OMP_NUM_THREADS"] = str(layout.omp_threads)
+                with log.open("wb") as out:
+                    process = subprocess.Popen(
+                        command, stdout=out, stderr=subprocess.STDOUT, env=environment,
+                        start_new_session=True,
+                    )  # fmt: skip
+                processes.append(process)
+                wave.append((f"http://127.0.0.1:{port}", log, process))
             began = time.monotonic()
-            _wait(f"http://127.0.0.1:{port}/health", processes[-1], log, 420)
-            print(f"{name}: engine {index} healthy after {time.monotonic() - began:.0f} s")
-            started.append((f"http://127.0.0.1:{port}", log))
+            for url, log, process in wave:
+                _wait(f"{url}/health", process, log, 420)
+                started.append((url, log))
+            print(f"{name}: engine wave {index} healthy after {time.monotonic() - began:.0f} s",
+                  flush=True)  # fmt: skip
         yield started
     finally:
         _stop(processes)
@@ -287,20 +309,22 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     layout = report["layout"]
     return {
         "layout": layout["name"],
-        "engines": layout["engines"],
+        "engines": layout["engines"] * layout.get("gpus", 1),
+        "gpus": layout.get("gpus", 1),
+        "omp_threads": layout.get("omp_threads"),
         "memory_share": layout["share"],
         "api_servers": layout["api_servers"],
         "peak_pages_per_s": best["pages_per_s"],
         "peak_at": best["concurrency"],
         "p99_at_peak_s": (best["latency_s"] or {}).get("p99"),
         "knee_concurrency": knee,
-        "knee_per_engine": knee / layout["engines"] if knee else None,
+        "knee_per_engine": knee / (layout["engines"] * layout.get("gpus", 1)) if knee else None,
         "engines_logged": layout["engines_logged"],
         "gpu": layout["gpu"],
     }
 
 
-def merge(out: Path, names: list[str] | None) -> int:
+def merge(out: Path, names: list[str] | None, stem: str | None = None, note: str = "") -> int:
     """One report, plot and table of every layout in RESULTS (default layout first)."""
     from app.bench import report as reporting  # noqa: PLC0415
     from app.bench.plot import plot  # noqa: PLC0415
@@ -315,7 +339,7 @@ def merge(out: Path, names: list[str] | None) -> int:
         **{k: first[k] for k in ("tool", "date", "settings", "machine")},
         "command": "python3 -m bench.gpu_layouts run " + ",".join(order) + " (then merge)",
         "notes": "Layouts ran one after the other on the same GPU (not interleaved); each "
-        "row is the gateway in front of that layout's engines.",
+        "row is the gateway in front of that layout's engines." + (f" {note}" if note else ""),
         "targets": [found[n]["targets"][0] | {"label": n} for n in order],
         "levels": [],
         "stopped": next((found[n]["stopped"] for n in order if found[n]["stopped"]), None),
@@ -342,13 +366,16 @@ def merge(out: Path, names: list[str] | None) -> int:
 
             entry["ratios"] = _ratios(entry, order)
             merged["levels"].append(entry)
-    stem = f"gpu-h200-{first['date'][:10]}"
+    stem = stem or f"gpu-h200-{first['date'][:10]}"
     out.mkdir(parents=True, exist_ok=True)
     plot(merged, out / f"{stem}.png")
     merged["plot"] = f"{stem}.png"
     reporting.write(merged, out, stem)
     with (out / f"{stem}.md").open("a") as md:
         md.write("\n" + layouts_table(merged["layouts"]) + "\n")
+        scaling = gpus_table(merged["layouts"])
+        if scaling:
+            md.write("\n" + scaling + "\n")
         flags = " ".join(f"--{k} {v}" for k, v in merged["vllm"]["flags"].items())
         md.write(f"\nvLLM {VLLM_VERSION}, each engine: `vllm serve <full-size checkpoint> {flags}`"
                  f" with {merged['vllm']['per_layout']}.\n")  # fmt: skip
@@ -361,7 +388,8 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
     from app.bench.report import table  # noqa: PLC0415
 
     base = rows[0]["peak_pages_per_s"] or 1.0
-    header = ["target", "engines", "share", "API servers", "peak pages/s", "x default",
+    header = ["target", "GPUs", "engines", "share", "API servers", "torch threads",
+              "peak pages/s", "x default",
               "at c", "p99 at peak s", "knee c", "knee per engine", "KV tokens (each)",
               "weights GiB", "graphs GiB", "GPU util avg/max %"]  # fmt: skip
     body = []
@@ -369,7 +397,8 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
         logged_ = r["engines_logged"][0] if r["engines_logged"] else {}
         gpu = r["gpu"] or {}
         body.append([
-            r["layout"], str(r["engines"]), f"{r['memory_share']:.2f}", str(r["api_servers"]),
+            r["layout"], str(r.get("gpus", 1)), str(r["engines"]), f"{r['memory_share']:.2f}",
+            str(r["api_servers"]), str(r.get("omp_threads") or "vLLM's"),
             f"{r['peak_pages_per_s']:.2f}", f"{r['peak_pages_per_s'] / base:.2f}",
             str(r["peak_at"]), f"{r['p99_at_peak_s']:.2f}" if r["p99_at_peak_s"] else "",
             str(r["knee_concurrency"]),
@@ -381,6 +410,32 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
     return "Layouts (peak over the levels; knee: lowest level within 10 % of the peak):\n\n" + (
         table(header, body)
     )
+
+
+def gpus_table(rows: list[dict[str, Any]]) -> str:
+    """Two GPUs against one at the same layout (`gpu2-X` beside `X`, `gpu2` beside `default`)."""
+    from app.bench.report import table  # noqa: PLC0415
+
+    by_name = {r["layout"]: r for r in rows}
+    body = []
+    for name, row in by_name.items():
+        if not name.startswith("gpu2"):
+            continue
+        single = by_name.get(name.removeprefix("gpu2").removeprefix("-") or "default")
+        if single is None:
+            continue
+        body.append([
+            name, single["layout"], f"{row['peak_pages_per_s']:.2f}",
+            f"{single['peak_pages_per_s']:.2f}",
+            f"{row['peak_pages_per_s'] / (single['peak_pages_per_s'] or 1.0):.2f}",
+            f"{row['p99_at_peak_s']:.2f}" if row["p99_at_peak_s"] else "",
+            f"{single['p99_at_peak_s']:.2f}" if single["p99_at_peak_s"] else "",
+        ])  # fmt: skip
+    if not body:
+        return ""
+    header = ["two GPUs", "one GPU", "peak pages/s (2)", "peak pages/s (1)", "ratio",
+              "p99 at peak s (2)", "p99 at peak s (1)"]  # fmt: skip
+    return "Two GPUs against one at the same layout (peaks):\n\n" + table(header, body)
 
 
 def main_cli(argv: list[str] | None = None) -> int:
@@ -395,6 +450,8 @@ def main_cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--levels", default="1,8,32,64,128,256")
     parser.add_argument("--duration", type=float, default=15.0, help="measured seconds per level")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-out")))
+    parser.add_argument("--stem", help="report file name (default: gpu-h200-<date of the run>)")
+    parser.add_argument("--note", default="", help="a sentence for the report's notes")
     args = parser.parse_args(argv)
     vllm = shlex.split(args.vllm)
     names = [n for n in args.layouts.split(",") if n]
@@ -403,7 +460,7 @@ def main_cli(argv: list[str] | None = None) -> int:
     if args.action == "run":
         levels = [int(c) for c in args.levels.split(",")]
         return run(names, vllm, levels, args.duration)
-    return merge(args.out, names or None)
+    return merge(args.out, names or None, args.stem, args.note)
 
 
 if __name__ == "__main__":

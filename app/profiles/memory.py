@@ -33,8 +33,11 @@ GEFORCE_RESERVE_BYTES = 3 * GiB // 2
 UTILIZATION_CAP = 0.95
 RUNTIME_BYTES = GiB // 4
 """Non-torch memory vLLM counts inside the budget (cuBLAS workspaces, allocator slack)."""
-CUDA_GRAPH_BYTES = GiB // 2
-"""CUDA graphs for a 0.3 B decoder; vLLM takes its estimate out of the budget."""
+CUDA_GRAPH_BYTES = round(0.27 * GiB)
+"""CUDA graphs of the 0.3 B decoder, as vLLM 0.23 logged them on an H200 (max-num-seqs 256:
+51 piecewise sizes up to 512, 35 full up to 256): it takes its estimate (0.23 GiB) out of the
+budget and the pool took 0.27 GiB (bench/results/gpu-h200-2026-12-01.md). The larger figure, so the
+model stays on the safe side; it was 0.5 GiB before it was measured."""
 
 VISION_BASE_MIB = 18.0
 VISION_MIB_PER_TOKEN = 0.154

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The GPU host's side of a bench.gpu_layouts session (../shared/gpu/README.md: vLLM 0.23.0 from
+# /tmp/site, wheels carried in six parts, one call each). Run from the checkout root there:
+#
+#   bash bench/gpu_session.sh receive K            # part K of .gpu-wheels (carry it and scripts/)
+#   bash bench/gpu_session.sh install              # vLLM + the gateway's wheels (.whl), checkpoint
+#   bash bench/gpu_session.sh run LAYOUTS [CPUS]   # sweep layouts; CPUS: taskset list, e.g. 0-15
+#   bash bench/gpu_session.sh merge                # report of every layout run into $OUT
+#
+# Every stage copies what exists so far (results, engine logs) to $OUT, so a call cut short by
+# its time limit still returns what it measured.
+set -uo pipefail
+stage=${1:?usage: gpu_session.sh receive K | install | run LAYOUTS [CPUS] | merge}
+export GPU_BENCH_DIR=/tmp/gpu-bench GPU_RESULTS_DIR=/tmp/gpu-results
+out=${OUT:-/tmp/gpu-out}
+mkdir -p "$out" "$GPU_BENCH_DIR" "$GPU_RESULTS_DIR"
+
+collect() {
+    cp -r "$GPU_RESULTS_DIR" "$out/results" 2>/dev/null
+    mkdir -p "$out/logs"
+    cp "$GPU_BENCH_DIR"/*.log "$GPU_BENCH_DIR"/*.csv "$out/logs/" 2>/dev/null
+    return 0
+}
+trap collect EXIT
+
+case $stage in
+receive)
+    bash .gpu-wheels/scripts/receive.sh .gpu-wheels "${2:?part number}"
+    ;;
+install)
+    bash .gpu-wheels/scripts/install.sh || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    . .gpu-wheels/scripts/env.sh
+    # Does this vLLM pin its serving loop to one torch thread itself (later versions do)?
+    grep -rln "set_torch_threads_for_runtime\|Reducing Torch threads" /tmp/site/vllm \
+        | head -3 || echo "vLLM does not manage torch threads for serving"
+    nproc; nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+    python3 -m bench.gpu_layouts prepare
+    ;;
+run)
+    . .gpu-wheels/scripts/env.sh
+    layouts=${2:?layouts}
+    cpus=${3:-}
+    if [ -n "$cpus" ]; then
+        taskset -c "$cpus" python3 -m bench.gpu_layouts run "$layouts" ${LEVELS:+--levels "$LEVELS"} \
+            ${DURATION:+--duration "$DURATION"}
+    else
+        python3 -m bench.gpu_layouts run "$layouts" ${LEVELS:+--levels "$LEVELS"} \
+            ${DURATION:+--duration "$DURATION"}
+    fi
+    for f in "$GPU_RESULTS_DIR"/*.json; do
+        python3 - "$f" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+name = r["layout"]["name"]
+for level in r["levels"]:
+    t = level["targets"][name]
+    print(name, level["concurrency"], round(t["pages_per_s"], 2), (t["latency_s"] or {}).get("p99"))
+EOF
+    done
+    ;;
+merge)
+    . .gpu-wheels/scripts/env.sh
+    python3 -m bench.gpu_layouts merge --out "$out" "${2:-}"
+    ;;
+*)
+    echo "unknown stage $stage" >&2
+    exit 2
+    ;;
+esac
