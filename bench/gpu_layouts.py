@@ -1,18 +1,22 @@
 """Engine layouts per GPU, measured with the sweep: one engine (the profile as shipped) vs several.
 
     python3 -m bench.gpu_layouts prepare                       # full-size checkpoint, profile
-    python3 -m bench.gpu_layouts run default,api4 [--levels 1,8,32,64,128,256] [--duration 8]
-    python3 -m bench.gpu_layouts merge --out DIR               # one report of every layout run
+    python3 -m bench.gpu_layouts run default,omp1 [--levels 1,32,64,128,256] [--duration 30]
+    python3 -m bench.gpu_layouts merge [LAYOUTS] --out DIR [--stem NAME] [--note TEXT]
+
+bench/gpu_session.sh wraps these for the host, one stage per device call. Windows shorter than
+a few latencies (12 s at c >= 128, where a page takes 5-17 s) read noise: keep 30 s there.
 
 For the offline H200 host (../shared/gpu/README.md: vLLM 0.23.0 from /tmp/site). `prepare`
 builds the full-size random PaddleOCR-VL (tests/support/tiny_model.py --full) and writes the
 `h200-141gb` profile as shipped minus the keys vLLM 0.23 lacks (its stored flag set says which).
-`run` starts each layout's engines one after the other (starting them together fails vLLM's
-memory profiling), a real `ocrvl serve` in front of them, and sweeps the gateway with pages of
-~1,280 image tokens and 256 output tokens forced by ignore_eos; every engine's /metrics is
-sampled. Results go to /tmp/gpu-results/<layout>.json (the host keeps /tmp between calls while
-it is held). `merge` writes gpu-h200-<date>.{json,md,png}: the sweep table, ratios to the
-default layout, and per layout the peak, its P99, the knee and what vLLM logged about memory.
+`run` starts each layout's engines one after the other on a GPU (starting them together fails
+vLLM's memory profiling; `gpu2-*` layouts start one per GPU at a time), a real `ocrvl serve`
+in front of them, and sweeps the gateway with pages of ~1,280 image tokens and 256 output
+tokens forced by ignore_eos; every engine's /metrics is sampled. Results go to
+/tmp/gpu-results/<layout>.json (the host keeps /tmp between calls while it is held). `merge`
+writes gpu-h200-<date>.{json,md,png}: the sweep table, ratios to the default layout, and per
+layout the peak, its P99, the knee and what vLLM logged about memory.
 """
 
 from __future__ import annotations
@@ -252,7 +256,9 @@ def logged(log: Path) -> dict[str, float]:
     return found
 
 
-def run(names: list[str], vllm: list[str], levels: list[int], duration: float) -> int:
+def run(
+    names: list[str], vllm: list[str], levels: list[int], duration: float, corpus: int = 4000
+) -> int:
     """Sweep each named layout through the gateway; one JSON per layout in RESULTS."""
     from app.bench.load import Shape  # noqa: PLC0415
     from app.bench.sweep import Config, main  # noqa: PLC0415
@@ -272,7 +278,7 @@ def run(names: list[str], vllm: list[str], levels: list[int], duration: float) -
                             labels=[name],
                             levels=levels,
                             duration=duration,
-                            corpus=1500,
+                            corpus=corpus,
                             shape=Shape(max_tokens=256, ignore_eos=True),
                             metrics_urls=[f"{u}/metrics" for u, _ in started],
                             max_error_rate=0.05,
@@ -448,7 +454,9 @@ def main_cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm", default=f"{sys.executable} -m vllm.entrypoints.cli.main",
                         help="how to call vLLM's CLI")  # fmt: skip
     parser.add_argument("--levels", default="1,8,32,64,128,256")
-    parser.add_argument("--duration", type=float, default=15.0, help="measured seconds per level")
+    parser.add_argument("--duration", type=float, default=30.0, help="measured seconds per level")
+    parser.add_argument("--corpus", type=int, default=4000,
+                        help="distinct pages; a level that runs out ends early")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-out")))
     parser.add_argument("--stem", help="report file name (default: gpu-h200-<date of the run>)")
     parser.add_argument("--note", default="", help="a sentence for the report's notes")
@@ -459,7 +467,7 @@ def main_cli(argv: list[str] | None = None) -> int:
         return prepare(vllm)
     if args.action == "run":
         levels = [int(c) for c in args.levels.split(",")]
-        return run(names, vllm, levels, args.duration)
+        return run(names, vllm, levels, args.duration, args.corpus)
     return merge(args.out, names or None, args.stem, args.note)
 
 

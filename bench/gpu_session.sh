@@ -43,10 +43,10 @@ run)
     cpus=${3:-}
     if [ -n "$cpus" ]; then
         taskset -c "$cpus" python3 -m bench.gpu_layouts run "$layouts" ${LEVELS:+--levels "$LEVELS"} \
-            ${DURATION:+--duration "$DURATION"}
+            ${DURATION:+--duration "$DURATION"} ${CORPUS:+--corpus "$CORPUS"}
     else
         python3 -m bench.gpu_layouts run "$layouts" ${LEVELS:+--levels "$LEVELS"} \
-            ${DURATION:+--duration "$DURATION"}
+            ${DURATION:+--duration "$DURATION"} ${CORPUS:+--corpus "$CORPUS"}
     fi
     for f in "$GPU_RESULTS_DIR"/*.json; do
         python3 - "$f" <<'EOF'
