@@ -25,9 +25,11 @@ def _serve(args: argparse.Namespace) -> int:
         for error in exc.errors():
             print(f"ocrvl serve: {error['msg'].removeprefix('Value error, ')}", file=sys.stderr)
         return 2
-    from app.allocator import return_freed_memory
+    from app.allocator import reuse_freed_memory
+    from app.bodies import read_ahead
 
-    return_freed_memory()
+    reuse_freed_memory()
+    read_ahead()
     uvicorn.run(
         create_app(settings),
         host=settings.host,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -36,6 +37,10 @@ class RequestContext:
     queued_seconds: float = 0.0  # waiting in the admission queue for a backend slot
     upstream_error: str | None = None
     truncated: bool = False  # the answer hit its token limit (finish_reason "length")
+    # set by the per-key limits (app/quotas): the answer's x-ratelimit-* headers, and what
+    # gives the request's concurrency slot back once the answer is sent or the request failed
+    response_headers: Sequence[tuple[bytes, bytes]] = ()
+    release: Callable[[], Awaitable[None]] | None = None
 
     def elapsed(self) -> float:
         """Seconds since the request arrived."""
@@ -50,7 +55,10 @@ def _route_label(scope: Scope) -> str:
 
 
 class RequestContextMiddleware:
-    """Gives each request a context and an `X-Request-ID`; logs and measures it at the end."""
+    """Gives each request a context and an `X-Request-ID`, adds the headers the context asks
+    for, runs its `release` once the last byte went out (after an error response too, or when
+    the client left), then logs and measures it. (One layer for all of it: each layer costs
+    every request a call and every relayed chunk a wrapped send.)"""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -72,7 +80,11 @@ class RequestContextMiddleware:
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 context.status = context.status or message["status"]
-                message["headers"] = [*message.get("headers", ()), header]
+                message["headers"] = [
+                    *message.get("headers", ()),
+                    *context.response_headers,
+                    header,
+                ]
             await send(message)
 
         quiet = scope["path"] in QUIET_ROUTES
@@ -81,9 +93,14 @@ class RequestContextMiddleware:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            if not quiet:
-                self.metrics.in_flight.dec()
-                self._record(_route_label(scope), context)
+            try:
+                if context.release is not None:
+                    release, context.release = context.release, None
+                    await release()
+            finally:
+                if not quiet:
+                    self.metrics.in_flight.dec()
+                    self._record(_route_label(scope), context)
 
     def _record(self, route: str, context: RequestContext) -> None:
         latency = context.elapsed()

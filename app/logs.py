@@ -31,6 +31,12 @@ class JSONFormatter(logging.Formatter):
 
 def configure(level: str) -> None:
     """Send the gateway's and uvicorn's loggers to stderr as JSON lines."""
+    # The lines carry none of these record fields; gathering them costs every access line a
+    # walk up the stack and a getpid() system call (the logging HOWTO's "Optimization").
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JSONFormatter())
     for name in ("ocrvl", "uvicorn", "uvicorn.error"):

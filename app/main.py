@@ -21,7 +21,7 @@ from app.errors import install_handlers
 from app.media import MediaPolicy
 from app.metrics import Metrics
 from app.proxy import Relay
-from app.quotas import QuotaMiddleware, Quotas
+from app.quotas import Quotas
 from app.routes import chat, health, models, ocr
 from app.scheduling import Scheduler
 from app.settings import Settings
@@ -161,6 +161,5 @@ def create_app(settings: Settings) -> FastAPI:
     install_handlers(app)
     for router in (chat.router, ocr.router, models.router, health.router):
         app.include_router(router)
-    app.add_middleware(QuotaMiddleware)  # inside the context middleware: releases first
-    app.add_middleware(RequestContextMiddleware, metrics=metrics)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics)  # also the quotas' release
     return app

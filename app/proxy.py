@@ -6,8 +6,6 @@ passes, the upstream request is closed, which makes vLLM abort the generation an
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,6 +26,7 @@ from app.errors import (
     GatewayError,
     UpstreamError,
 )
+from app.guard import Guarded
 from app.scheduling import Lease, Scheduler
 from app.upstream import Upstream, UpstreamResponse
 
@@ -64,7 +63,7 @@ class Relay:
     ) -> Response:
         """Relay `chat` and answer with the backend's response, streamed or whole."""
         deadline = time.monotonic() + self._timeout - context.elapsed()
-        async with guarded(receive, deadline, self._timeout, context):
+        async with Guarded(receive, deadline, self._timeout, context):
             lease, upstream, head, rest = await self._answer(chat, served, context)
             if rest is not None:  # a stream: from here it guards itself
                 return RelayStream(
@@ -177,26 +176,32 @@ class RelayStream(Response):
         self._context = context
         self._deadline = deadline
         self._timeout = timeout
+        self._ended = False  # the last chunk went out as the end of the body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         error: GatewayError | None
         try:
             try:
-                async with guarded(receive, self._deadline, self._timeout, self._context):
+                async with Guarded(receive, self._deadline, self._timeout, self._context):
                     error = await self._pump(send)
             except BackendTimeout as timeout:
                 error = timeout
             if error is not None:  # headers are out: the error can only be an SSE event
                 event = b"data: " + orjson.dumps(error.body()) + b"\n\n"
                 await send({"type": "http.response.body", "body": event, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if not self._ended:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except ClientClosed:
             self._context.status = CLIENT_CLOSED
         finally:
             await _close(self._upstream, self._lease)
 
     async def _pump(self, send: Send) -> GatewayError | None:
-        """Copy upstream chunks to the client; a broken upstream becomes the returned error."""
+        """Copy upstream chunks to the client; a broken upstream becomes the returned error.
+
+        The last chunk, when the answer's end came with it (as vLLM's `[DONE]` usually does),
+        goes out as the end of the body: one write for both.
+        """
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
@@ -205,6 +210,11 @@ class RelayStream(Response):
         while True:
             if TRUNCATED in chunk:
                 self._context.truncated = True
+            if self._upstream.drained():
+                await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                self._ended = True
+                await anext(chunks, None)  # ends the iterator here, not in a finalizer task
+                return None
             if chunk:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             started = time.perf_counter()
@@ -257,50 +267,6 @@ async def _close(upstream: UpstreamResponse | None, lease: Lease) -> None:
             await upstream.aclose()
     finally:
         lease.release()
-
-
-@contextlib.asynccontextmanager
-async def guarded(
-    receive: Receive, deadline: float, limit: float, context: RequestContext
-) -> AsyncIterator[None]:
-    """Cancel the block when the client leaves (ClientClosed) or at `deadline` (BackendTimeout).
-
-    Cancelling closes whatever upstream request is open, so vLLM aborts it. The block runs in
-    the request's own task; one watcher task per request listens for the disconnect.
-    """
-    task = asyncio.current_task()
-    assert task is not None  # noqa: S101 (always inside a request task)
-
-    async def watch() -> None:
-        await until_disconnected(receive)
-        context.upstream_error = "client_disconnect"
-        task.cancel()
-
-    watcher = asyncio.create_task(watch())
-    try:
-        async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
-            yield
-    except asyncio.CancelledError:
-        if not (watcher.done() and not watcher.cancelled()):
-            raise  # cancelled from outside: not ours to turn into a response
-        task.uncancel()
-        raise ClientClosed(
-            "the client closed the connection; the upstream request was closed"
-        ) from None
-    except TimeoutError:
-        context.upstream_error = "timeout"
-        raise BackendTimeout(
-            f"no complete answer within {limit:g} s (OCRVL_REQUEST_TIMEOUT); "
-            "the upstream request was closed"
-        ) from None
-    finally:
-        watcher.cancel()
-
-
-async def until_disconnected(receive: Receive) -> None:
-    """Return when the client disconnects (the request body has been read already)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 def backend_error(status: int, raw: bytes) -> BackendRejected:

@@ -32,8 +32,11 @@ READ_HIGH_WATER = 256 * 1024  # buffered answer bytes before the socket stops be
 class _Connection(asyncio.Protocol):
     """One keep-alive connection and the answer being read on it."""
 
-    def __init__(self, key: tuple[str, int]) -> None:
+    def __init__(self, key: tuple[str, int], loop: asyncio.AbstractEventLoop) -> None:
         self.key = key
+        # kept: on Python 3.11 each get_running_loop() is a getpid() system call, and the
+        # loop is asked for a future per answer and per wait for a stream's next chunk
+        self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.idle_since = 0.0
@@ -50,7 +53,7 @@ class _Connection(asyncio.Protocol):
         self.started = False  # any byte of the answer arrived
         self.error: httpx.TransportError | None = None
         self.wakeup: asyncio.Future[None] | None = None
-        self.head_done = asyncio.get_running_loop().create_future()
+        self.head_done = self.loop.create_future()
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -114,15 +117,21 @@ class _Connection(asyncio.Protocol):
             self.wakeup.set_result(None)
 
     async def next_chunk(self) -> bytes | None:
-        """The next piece of the answer's body; None at its end."""
+        """The answer's body that arrived since the last call (waiting for some if none did:
+        what arrived together is handed on together, one send to the client instead of one per
+        piece); None at its end."""
         while not self.chunks:
             if self.complete:
                 return None
             if self.error is not None:
                 raise self.error
-            self.wakeup = asyncio.get_running_loop().create_future()
+            self.wakeup = self.loop.create_future()
             await self.wakeup
-        chunk = self.chunks.popleft()
+        if len(self.chunks) == 1:
+            chunk = self.chunks.popleft()
+        else:
+            chunk = b"".join(self.chunks)
+            self.chunks.clear()
         self.buffered -= len(chunk)
         if self.buffered <= READ_HIGH_WATER // 2 and self.transport is not None:
             self.transport.resume_reading()
@@ -153,6 +162,10 @@ class UpstreamResponse:
         """The body's bytes as they arrive (chunked framing removed, nothing decoded)."""
         while (chunk := await self._connection.next_chunk()) is not None:
             yield chunk
+
+    def drained(self) -> bool:
+        """Whether the whole body is in and handed on: nothing more will come."""
+        return self._connection.complete and not self._connection.chunks
 
     async def aclose(self) -> None:
         """Back to the pool if the answer was read to its end, else closed."""
@@ -228,7 +241,7 @@ class Upstream:
 
     async def _connect(self, key: tuple[str, int]) -> _Connection:
         loop = asyncio.get_running_loop()
-        connection = _Connection(key)
+        connection = _Connection(key, loop)
         try:
             async with asyncio.timeout(self._connect_timeout):
                 transport, _ = await loop.create_connection(lambda: connection, *key)

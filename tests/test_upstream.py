@@ -104,6 +104,34 @@ async def test_a_chunked_stream_arrives_piece_by_piece(serve: Serve) -> None:
     assert chunks == [b"data: a\n\n", b"data: b\n\n"]
 
 
+async def test_chunks_that_arrived_together_are_handed_on_together(serve: Serve) -> None:
+    """Chunks already in when the relay asks come as one piece (one send to the client, not
+    one each); once the answer's end is in and handed on, the response says it is drained."""
+    go_on = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await go_on.wait()
+        for part in (b"data: a\n\n", b"data: b\n\n", b"data: [DONE]\n\n"):
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    url = await serve(handler)
+    upstream = Upstream(10, 4.0, 1.0)
+    response = await upstream.post(url, "/v1/chat/completions", {}, b"{}")
+    go_on.set()
+    await asyncio.sleep(0.1)  # the whole answer is in the gateway's buffer by now
+    assert not response.drained()
+    chunks = [chunk async for chunk in response.aiter_raw()]
+    assert response.drained()
+    await response.aclose()
+    upstream.close()
+    assert chunks == [b"data: a\n\ndata: b\n\ndata: [DONE]\n\n"]
+
+
 async def test_a_refused_connection_is_a_connect_error() -> None:
     """Nothing listening: httpx.ConnectError, so the relay tries another backend."""
     upstream = Upstream(10, 4.0, 1.0)

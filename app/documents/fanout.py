@@ -24,7 +24,8 @@ from app.documents.errors import DocumentError
 from app.documents.raster import RenderedPage, Source
 from app.documents.workers import Preprocessor
 from app.errors import ClientClosed, GatewayError, UpstreamError
-from app.proxy import Relay, until_disconnected
+from app.guard import until_disconnected
+from app.proxy import Relay
 
 log = logging.getLogger("ocrvl.documents")
 

@@ -1,8 +1,10 @@
-"""Where requests meet the limits: the route dependency and the middleware that releases.
+"""Where requests meet the limits: the route dependency.
 
 A stream's body is sent after its endpoint returns, so the concurrency slot cannot be given
-back by the endpoint. The middleware wraps the whole ASGI call instead: its `finally` runs
-once the last byte went out, after an error response, or when the client left.
+back by the endpoint. `admit` hands the grant's headers and release to the request's context
+instead; the context middleware (app/context.py) wraps the whole ASGI call, adds the headers to
+the answer and releases in its `finally`, once the last byte went out, after an error response,
+or when the client left.
 """
 
 from __future__ import annotations
@@ -10,12 +12,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.auth import KeyName
-from app.quotas.limiter import Grant, Quotas
-
-GRANT = "quota_grant"  # the request state's slot for what `admit` granted
+from app.context import RequestContext
+from app.quotas.limiter import Quotas
 
 
 async def admit(request: Request, key_name: KeyName) -> str:
@@ -26,35 +26,10 @@ async def admit(request: Request, key_name: KeyName) -> str:
     quotas: Quotas = request.state.gateway.quotas
     grant = await quotas.admit(key_name)
     if grant is not None:
-        setattr(request.state, GRANT, grant)
+        context: RequestContext = request.state.context
+        context.response_headers = grant.headers
+        context.release = grant.release
     return key_name
 
 
 Admitted = Annotated[str, Depends(admit)]
-
-
-class QuotaMiddleware:
-    """Adds an admitted request's x-ratelimit-* headers and releases its slot at the very end."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        state = scope.setdefault("state", {})
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                grant: Grant | None = state.get(GRANT)
-                if grant is not None and grant.headers:
-                    message["headers"] = [*message.get("headers", ()), *grant.headers]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_headers)
-        finally:
-            grant = state.pop(GRANT, None)
-            if grant is not None and grant.release is not None:
-                await grant.release()

@@ -172,9 +172,15 @@ class Scheduler:
             backend.in_flight += 1  # reserved now: the waiter's task resumes later
             waiter.granted.set_result(backend)
 
-    def busy(self) -> bool:
-        """Whether any request holds a slot or waits for one."""
-        return bool(self.queue) or any(b.in_flight for b in self.pool.backends)
+    def busy(self, since: float) -> bool:
+        """Whether any request holds a slot or waits for one, or gave one back after `since`
+        (a `time.monotonic()` reading)."""
+        done = self._done
+        return (
+            bool(self.queue)
+            or any(b.in_flight for b in self.pool.backends)
+            or bool(done and done[-1] > since)
+        )
 
     def readings(self) -> Iterator[tuple[str, dict[str, float]]]:
         """Per-backend load and capacity, for the `ocrvl_backend_*` gauges."""

@@ -1,6 +1,7 @@
 """Gateway overhead: one stand-in backend called directly and through `ocrvl serve`, interleaved.
 
-    python -m bench.overhead [--requests 200] [--concurrency 1,32] [--modes json,stream]
+    python -m bench.overhead [--requests 200] [--concurrency 1,32] [--modes json,stream,sse]
+                             [--chunks 2,258] [--sse-requests 200] [--chunk-interval-ms 0]
                              [--pin] [--rewrite] [--backend-delay-ms 0] [--tag T] [--out DIR]
 
 Three processes. The backend is a stand-in for vLLM (tests.support.fake_backend.FakeVLLM under
@@ -12,6 +13,15 @@ a ~300 KB JPEG page in the body PaddleOCR's client sends. Direct and gateway bat
 (ABBA) so drift on a noisy machine hits both alike. Prints p50/p99 of each path, the added
 latency, the gateway's own `ocrvl_gateway_overhead_seconds` mean and each process's CPU time
 per request; writes bench/results/overhead-<date>[-tag].md and .json.
+
+Modes: `json` (the page, answered whole), `stream` (the same page streamed: the stand-in's four
+short chunks), `sse` (streamed with `ignore_eos`, so the stand-in sends exactly
+`max_completion_tokens` one-token chunks, for each count in `--chunks`). The CPU per relayed
+SSE chunk is the slope between the sse cells: (CPU per request at the most chunks - at the
+fewest) / (difference in chunks). The stand-in sends its chunks back to back (the gateway hands
+on what has arrived by the time it asks as one send); `--chunk-interval-ms` spaces them out, so
+each is relayed alone and costs every process a wake-up (on a VM that alone is tens of µs: the
+stand-in's own slope shows it).
 
 Modules: `backend` (the stand-in), `processes` (starting, pinning, stopping, CPU time), `load`
 (batches and measuring), `report` (summaries, tables, the result files).
@@ -30,9 +40,16 @@ import uvloop
 
 from bench.hey_body import build
 from bench.overhead import MODEL, REWRITTEN, ROOT
-from bench.overhead.load import measure_all
+from bench.overhead.load import measure_all, payloads
 from bench.overhead.processes import running
-from bench.overhead.report import build_report, cpu_table, latency_table, machine, write
+from bench.overhead.report import (
+    build_report,
+    chunk_table,
+    cpu_table,
+    latency_table,
+    machine,
+    write,
+)
 from tests.support.pages import document_page
 
 
@@ -51,8 +68,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--modes",
         type=lambda text: text.split(","),
-        default=["json", "stream"],
-        help="json (non-streaming), stream, or both (default json,stream)",
+        default=["json", "stream", "sse"],
+        help="json (non-streaming), stream, sse (default all three)",
+    )
+    parser.add_argument(
+        "--chunks",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[2, 258],
+        help="sse mode: tokens (chunks) per answer, one cell each (default 2,258)",
+    )
+    parser.add_argument(
+        "--sse-requests", type=int, default=200, help="sse mode: requests per path (min)"
+    )
+    parser.add_argument(
+        "--chunk-interval-ms",
+        type=float,
+        default=0.0,
+        help="sse mode: the stand-in's pause between chunks (default 0: back to back)",
     )
     parser.add_argument("--pin", action="store_true", help="gateway on cpu 1, the rest on cpu 0")
     parser.add_argument(
@@ -76,22 +108,32 @@ def main(argv: list[str] | None = None) -> int:
         # imported here so the load generator never loads the stand-in's app
         from bench.overhead.backend import serve_backend  # noqa: PLC0415
 
-        serve_backend(args.serve_backend, args.served, args.backend_delay_ms / 1000)
+        serve_backend(
+            args.serve_backend,
+            args.served,
+            args.backend_delay_ms / 1000,
+            args.chunk_interval_ms / 1000,
+        )
         return 0
     served = REWRITTEN if args.rewrite else MODEL
     image = document_page(seed=0)
-    body = orjson.dumps(build(MODEL, 4096, seed=0))
+    page = build(MODEL, 4096, seed=0)
+    body = orjson.dumps(page)
+    kinds = payloads(page, args.modes, args.chunks)
+    requests = {"json": args.requests, "stream": args.requests, "sse": args.sse_requests}
     facts = machine()
     gc.collect()
     gc.freeze()  # the body and the imports stay out of the load generator's collections
     with tempfile.TemporaryDirectory(prefix="ocrvl-bench-") as workdir:
         with running(
-            Path(workdir), served=served, backend_delay_ms=args.backend_delay_ms, pinned=args.pin
+            Path(workdir),
+            served=served,
+            backend_delay_ms=args.backend_delay_ms,
+            pinned=args.pin,
+            chunk_interval_ms=args.chunk_interval_ms,
         ) as servers:
             print(f"backend {servers.backend}, gateway {servers.gateway}", file=sys.stderr)
-            cells = uvloop.run(
-                measure_all(servers, body, args.modes, args.concurrency, args.requests)
-            )
+            cells = uvloop.run(measure_all(servers, kinds, args.concurrency, requests))
         access_lines = servers.gateway_log.read_text().count('"msg":"request"')
     report = build_report(
         args,
@@ -105,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     stem = write(report, args.out, args.tag)
     print(latency_table(report["rows"]))
     print(cpu_table(report["rows"]))
+    if report["chunk_costs"]:
+        print(chunk_table(report["chunk_costs"]))
     print(f"wrote {stem}.md and {stem}.json", file=sys.stderr)
     return 0
 

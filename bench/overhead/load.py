@@ -10,8 +10,10 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
+import orjson
 
 from bench.overhead import BACKEND_KEY, CLIENT_KEY, PROCESSES, ROUTE, TARGET_P50, TARGETS
 from bench.overhead.processes import Servers, cpu_seconds
@@ -31,12 +33,16 @@ class Target:
 
 @dataclass
 class Cell:
-    """One mode at one concurrency: both paths' latencies, CPU use and the gateway's own view."""
+    """One mode at one concurrency: both paths' latencies, CPU use and the gateway's own view.
+
+    `chunks`: the tokens the stand-in streams per request in the sse mode (0 in the others).
+    """
 
     mode: str
     concurrency: int
     batch: int
     rounds: int
+    chunks: int = 0
     latencies: dict[str, list[float]] = field(default_factory=lambda: {t: [] for t in TARGETS})
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TARGETS, 0.0))
     cpu: dict[str, dict[str, float]] = field(
@@ -45,11 +51,32 @@ class Cell:
     self_measured: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
 
     @classmethod
-    def planned(cls, mode: str, concurrency: int, requests: int) -> Cell:
+    def planned(cls, mode: str, concurrency: int, requests: int, chunks: int = 0) -> Cell:
         """A cell of at least `requests` per path in about 8 batches, each 2 or more waves deep."""
         batch = max(2 * concurrency, math.ceil(requests / 8))
         rounds = math.ceil(requests / batch)
-        return cls(mode, concurrency, batch, rounds + rounds % 2)  # even: ABBA ends balanced
+        return cls(mode, concurrency, batch, rounds + rounds % 2, chunks)  # even: ABBA balanced
+
+
+def payloads(
+    page: dict[str, Any], modes: list[str], chunks: list[int]
+) -> list[tuple[str, int, bytes]]:
+    """(mode, chunks, body) of each kind of cell: `json` the page as PaddleOCR's client sends
+    it, `stream` the same streamed, `sse` streamed with `ignore_eos` so the stand-in sends
+    exactly `max_completion_tokens` chunks, once per count in `chunks`."""
+    kinds = []
+    for mode in modes:
+        if mode == "json":
+            kinds.append((mode, 0, orjson.dumps(page)))
+        elif mode == "stream":
+            kinds.append((mode, 0, orjson.dumps(page | {"stream": True})))
+        elif mode == "sse":
+            for count in chunks:
+                tokens = {"stream": True, "ignore_eos": True, "max_completion_tokens": count}
+                kinds.append((mode, count, orjson.dumps(page | tokens)))
+        else:
+            raise ValueError(f"unknown mode {mode!r}: json, stream or sse")
+    return kinds
 
 
 @contextlib.asynccontextmanager
@@ -121,8 +148,9 @@ async def measure(
     targets: dict[str, Target], metrics: str, pids: dict[str, int], body: bytes, cell: Cell
 ) -> Cell:
     """Warm both paths up, then alternate direct and gateway batches (ABBA)."""
+    warm_up = 2 * cell.concurrency if cell.chunks else max(2 * cell.concurrency, 20)
     for target in targets.values():
-        await run_batch(target, body, max(2 * cell.concurrency, 20), cell.concurrency)
+        await run_batch(target, body, warm_up, cell.concurrency)
     gateway = targets["gateway"].client
     for turn in range(cell.rounds):
         for name in TARGETS if turn % 2 == 0 else TARGETS[::-1]:
@@ -142,16 +170,24 @@ async def measure(
 
 
 async def measure_all(
-    servers: Servers, body: bytes, modes: list[str], concurrencies: list[int], requests: int
+    servers: Servers,
+    kinds: list[tuple[str, int, bytes]],
+    concurrencies: list[int],
+    requests: dict[str, int],
 ) -> list[Cell]:
-    """Every mode at every concurrency, against both paths."""
+    """Every kind of cell (`payloads`) at every concurrency, against both paths; `requests`
+    per path by mode. One concurrency's cells all run before the next concurrency's: a c=1
+    cell run after a c=32 one measured up to 40 % more gateway CPU per request, or less under
+    glibc's 128 KiB mmap threshold (the keep-alive connections and heap blocks a burst leaves
+    behind), so the order would decide the comparison; the sse cells follow each other (their
+    difference is the cost of the chunks)."""
     metrics = f"{servers.gateway}/metrics"
+    order = [(kind, concurrency) for concurrency in concurrencies for kind in kinds]
     async with connected(servers, max(concurrencies)) as targets:
         cells = []
-        for mode in modes:
-            payload = body if mode == "json" else body[:-1] + b',"stream":true}'
-            for concurrency in concurrencies:
-                cell = Cell.planned(mode, concurrency, requests)
-                cells.append(await measure(targets, metrics, servers.pids, payload, cell))
-                print(f"  measured {mode} c={concurrency}", file=sys.stderr)
+        for (mode, chunks, payload), concurrency in order:
+            cell = Cell.planned(mode, concurrency, requests[mode], chunks)
+            cells.append(await measure(targets, metrics, servers.pids, payload, cell))
+            shown = f"{mode} ({chunks} chunks)" if chunks else mode
+            print(f"  measured {shown} c={concurrency}", file=sys.stderr)
         return cells

@@ -18,6 +18,7 @@ from tests.support.servers import free_port
 
 VENV_BIN = Path(sys.executable).parent
 TICK = os.sysconf("SC_CLK_TCK")
+SCHEDSTAT = Path("/proc/self/schedstat").exists()  # per-thread run time in ns
 READY_WITHIN = 30  # seconds for a subprocess to start answering
 
 
@@ -71,7 +72,12 @@ def pin(pid: int, cpus: set[int]) -> None:
 
 @contextlib.contextmanager
 def running(
-    workdir: Path, *, served: str, backend_delay_ms: float, pinned: bool
+    workdir: Path,
+    *,
+    served: str,
+    backend_delay_ms: float,
+    pinned: bool,
+    chunk_interval_ms: float = 0.0,
 ) -> Iterator[Servers]:
     """Start the stand-in backend and `ocrvl serve` in front of it; stop both at the end."""
     ports = {"backend": free_port(), "gateway": free_port()}
@@ -86,6 +92,7 @@ def running(
     }
     backend_cmd = [sys.executable, "-m", "bench.overhead", "--serve-backend", str(ports["backend"])]
     backend_cmd += ["--served", served, "--backend-delay-ms", str(backend_delay_ms)]
+    backend_cmd += ["--chunk-interval-ms", str(chunk_interval_ms)]
     gateway_cmd = [str(VENV_BIN / "ocrvl"), "serve", "--host", "127.0.0.1"]
     gateway_cmd += ["--port", str(ports["gateway"])]
     starts = {
@@ -107,12 +114,23 @@ def running(
         yield Servers(urls["backend"], urls["gateway"], workdir / "gateway.log", pids)
 
 
+def process_seconds(pid: int) -> float:
+    """CPU seconds `pid` used so far (user + system): its live threads' run time to the
+    nanosecond (schedstat), else its clock ticks (a tick is 10 ms: too coarse for a cell of
+    a few hundred ~1 ms requests)."""
+    if not SCHEDSTAT:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+    nanoseconds = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a thread that ended
+            nanoseconds += int((task / "schedstat").read_text().split()[0])
+    return nanoseconds / 1e9
+
+
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     """CPU seconds used so far (user + system, all threads) by our processes and everyone else."""
-    used = {}
-    for name, pid in pids.items():
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        used[name] = (int(fields[11]) + int(fields[12])) / TICK
+    used = {name: process_seconds(pid) for name, pid in pids.items()}
     used["load_generator"] = time.process_time()
     user, nice, system, _, _, irq, softirq = map(int, Path("/proc/stat").read_text().split()[1:8])
     ours = used["backend"] + used["gateway"] + used["load_generator"]

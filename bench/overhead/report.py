@@ -38,6 +38,7 @@ def _path(cell: Cell, name: str) -> dict[str, Any]:
 def summarize(cell: Cell) -> dict[str, Any]:
     """The cell's numbers: both paths, the added latency and the gateway's own view of it."""
     row: dict[str, Any] = {"mode": cell.mode, "concurrency": cell.concurrency}
+    row["chunks"] = cell.chunks
     row |= {name: _path(cell, name) for name in TARGETS}
     added_p50 = row["gateway"]["p50_ms"] - row["direct"]["p50_ms"]
     added_p99 = row["gateway"]["p99_ms"] - row["direct"]["p99_ms"]
@@ -53,6 +54,44 @@ def summarize(cell: Cell) -> dict[str, Any]:
         "share_at_or_under_1ms": fast / count if count else math.nan,
     }
     return row
+
+
+def _slope(few: dict[str, Any], many: dict[str, Any], path: str, process: str) -> float:
+    """µs of `process` CPU per extra chunk on `path` between two sse rows."""
+    used = [r[path]["cpu_ms_per_request"][process] for r in (few, many)]
+    return float(used[1] - used[0]) / (many["chunks"] - few["chunks"]) * 1000
+
+
+def chunk_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """CPU per relayed SSE chunk at each concurrency: the slope of CPU per request between the
+    sse cells with the fewest and the most chunks, for the gateway and for the stand-in (the
+    backend on the direct path: the yardstick)."""
+    costs = []
+    for concurrency in dict.fromkeys(r["concurrency"] for r in rows):
+        sse = sorted(
+            (r for r in rows if r["mode"] == "sse" and r["concurrency"] == concurrency),
+            key=lambda r: r["chunks"],
+        )
+        if len(sse) < 2 or sse[0]["chunks"] == sse[-1]["chunks"]:
+            continue
+        few, many = sse[0], sse[-1]
+        costs.append(
+            {
+                "concurrency": concurrency,
+                "chunks": [few["chunks"], many["chunks"]],
+                "gateway_us_per_chunk": _slope(few, many, "gateway", "gateway"),
+                "backend_us_per_chunk": _slope(few, many, "direct", "backend"),
+                "gateway_ms_per_request": [
+                    r["gateway"]["cpu_ms_per_request"]["gateway"] for r in (few, many)
+                ],
+            }
+        )
+    return costs
+
+
+def _mode(row: dict[str, Any]) -> str:
+    """The row's mode as the tables show it: `sse` with its chunk count."""
+    return f"sse x{row['chunks']}" if row["chunks"] else str(row["mode"])
 
 
 def _table(header: list[str], align: str, rows: Iterable[list[str]]) -> str:
@@ -73,7 +112,7 @@ def latency_table(rows: list[dict[str, Any]]) -> str:
         own = r["gateway_self_measured"]
         cells.append(
             [
-                r["mode"],
+                _mode(r),
                 str(r["concurrency"]),
                 str(direct["n"]),
                 *(f"{path[p]:.2f}" for path in (direct, gateway) for p in ("p50_ms", "p99_ms")),
@@ -99,7 +138,7 @@ def cpu_table(rows: list[dict[str, Any]]) -> str:
         others = [max(path["other_processes_cores"], 0) for path in (direct, gateway)]
         cells.append(
             [
-                r["mode"],
+                _mode(r),
                 str(r["concurrency"]),
                 f"{direct['requests_per_s']:.0f}",
                 f"{gateway['requests_per_s']:.0f}",
@@ -110,6 +149,46 @@ def cpu_table(rows: list[dict[str, Any]]) -> str:
             ]
         )
     return _table(header, "lrrrrrrr", cells)
+
+
+def chunk_table(costs: list[dict[str, Any]]) -> str:
+    """CPU per relayed SSE chunk as a markdown table."""
+    header = ["c", "chunks", "gateway CPU/req (few, many)", "**gateway µs/chunk**"]
+    header += ["backend µs/chunk"]
+    cells = [
+        [
+            str(c["concurrency"]),
+            f"{c['chunks'][0]} → {c['chunks'][1]}",
+            ", ".join(f"{ms:.2f}" for ms in c["gateway_ms_per_request"]),
+            f"**{c['gateway_us_per_chunk']:.1f}**",
+            f"{c['backend_us_per_chunk']:.1f}",
+        ]
+        for c in costs
+    ]
+    return _table(header, "lrrrr", cells)
+
+
+def _spacing(interval_ms: float) -> str:
+    """How the stand-in spaced its chunks."""
+    if interval_ms <= 0:
+        return "back to back"
+    return f"{interval_ms:g} ms apart (each chunk also costs every process a wake-up)"
+
+
+def _chunks_section(report: dict[str, Any]) -> str:
+    """The markdown about the per-chunk cost, or nothing when no sse cells were measured."""
+    if not report["chunk_costs"]:
+        return ""
+    s = report["settings"]
+    return f"""
+{chunk_table(report["chunk_costs"])}
+
+CPU per relayed SSE chunk: the slope of CPU per request between the *sse* cells (the stand-in
+streams exactly that many one-token chunks of ~200 bytes, {_spacing(s["chunk_interval_ms"])},
+the last with finish_reason "length", then `[DONE]`; the gateway hands on what has arrived by
+the time it asks as one send); the backend's own slope on the direct path beside it. Target
+≤ 20 µs per chunk.
+"""
 
 
 def machine() -> dict[str, Any]:
@@ -136,9 +215,9 @@ def machine() -> dict[str, Any]:
 
 
 def batches(cells: list[dict[str, Any]]) -> str:
-    """The batch plan per concurrency, e.g. `c=1: 25x8, c=32: 64x4`."""
-    plan = {c["concurrency"]: f"{c['batch']}x{c['rounds']}" for c in cells}
-    return ", ".join(f"c={c}: {p}" for c, p in plan.items())
+    """The batch plan per mode and concurrency, e.g. `json c=1: 125x8, json c=32: 125x8`."""
+    plan = {f"{c['mode']} c={c['concurrency']}": f"{c['batch']}x{c['rounds']}" for c in cells}
+    return ", ".join(f"{cell}: {p}" for cell, p in plan.items())
 
 
 def pacing(delay_ms: float) -> str:
@@ -172,10 +251,10 @@ time waiting on the backend) over the measured gateway batches, with the share i
 under 1 ms.
 
 {cpu_table(report["rows"])}
-
-CPU is user + system time of all threads from `/proc/<pid>/stat` over the measured batches of
-each path, in ms per request; *other processes* is the machine's busy time not used by these
-three processes (other jobs on this shared machine), in cores.
+{_chunks_section(report)}
+CPU is user + system time of all threads (`/proc/<pid>/task/*/schedstat`, to the nanosecond)
+over the measured batches of each path, in ms per request; *other processes* is the machine's
+busy time not used by these three processes (other jobs on this shared machine), in cores.
 
 - **Backend**: a stand-in for vLLM (`tests.support.fake_backend.FakeVLLM`, uvicorn + uvloop +
   httptools, own process) with near-zero service time, chosen so the gateway's cost is not
@@ -184,7 +263,8 @@ three processes (other jobs on this shared machine), in cores.
   access line is part of the cost; stderr to a file, {report["access_lines"]} access lines).
 - **Requests**: the body PaddleOCR's client sends (`bench.hey_body.build`) with a
   {s["image_bytes"] / 1024:.0f} KiB JPEG page, {s["body_bytes"] / 1024:.0f} KiB of JSON; model
-  `{s["model"]}`, backend serves `{s["served"]}`; *stream* rows time the whole stream.
+  `{s["model"]}`, backend serves `{s["served"]}`; *stream* and *sse* rows time the whole
+  stream.
 - **Load generator**: this script in its own process and event loop (uvloop), one keep-alive
   httpx client per target. Per mode and concurrency a warm-up batch per path, then batches of
   {batches(s["batches"])} (size x rounds), direct and gateway alternating ABBA.
@@ -206,6 +286,7 @@ def build_report(
     access_lines: int,
 ) -> dict[str, Any]:
     """Settings, machine facts, the summary rows and the raw latencies, ready for JSON."""
+    rows = [summarize(cell) for cell in cells]
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": command,
@@ -216,8 +297,17 @@ def build_report(
             "model": MODEL,
             "served": served,
             "backend_delay_ms": args.backend_delay_ms,
+            "chunks": args.chunks,
+            "sse_requests": args.sse_requests,
+            "chunk_interval_ms": args.chunk_interval_ms,
             "batches": [
-                {"mode": c.mode, "concurrency": c.concurrency, "batch": c.batch, "rounds": c.rounds}
+                {
+                    "mode": c.mode,
+                    "chunks": c.chunks,
+                    "concurrency": c.concurrency,
+                    "batch": c.batch,
+                    "rounds": c.rounds,
+                }
                 for c in cells
             ],
             "pinning": "every thread: gateway on cpu 1; backend and load generator on cpu 0"
@@ -227,9 +317,10 @@ def build_report(
         }
         | sizes,
         "machine": facts | {"loadavg_at_end": os.getloadavg()},
-        "rows": [summarize(cell) for cell in cells],
+        "rows": rows,
+        "chunk_costs": chunk_costs(rows),
         "raw_latencies_ms": [
-            {"mode": c.mode, "concurrency": c.concurrency}
+            {"mode": c.mode, "concurrency": c.concurrency, "chunks": c.chunks}
             | {name: [round(v * 1000, 4) for v in c.latencies[name]] for name in TARGETS}
             for c in cells
         ],

@@ -216,3 +216,18 @@ async def test_a_waiter_takes_a_slot_on_whichever_backend_frees_one(pool: Backen
     lease = await asyncio.wait_for(waiter, 1)
     assert lease is not None
     assert lease.backend is second.backend
+
+
+async def test_busy_while_a_slot_is_held_and_after_one_came_back(pool: BackendPool) -> None:
+    """`busy(since)` is true while a request holds a slot and, once it gave it back, for a
+    look from before that; a look from after says idle (the allocator trims then)."""
+    pool.backends = [backend("http://a", capacity=1)]
+    scheduler = scheduler_for(pool)
+    before = time.monotonic()
+    assert not scheduler.busy(before)
+    lease = await scheduler.acquire(MODEL, "k")
+    assert lease is not None
+    assert scheduler.busy(time.monotonic())
+    lease.release()
+    assert scheduler.busy(before)
+    assert not scheduler.busy(time.monotonic())
