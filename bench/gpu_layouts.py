@@ -313,10 +313,12 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     best = max(levels, key=lambda level: level["pages_per_s"])
     knee = _knee(levels)
     layout = report["layout"]
+    gpus = layout.get("gpus", 1)  # runs before two-GPU layouts existed have no such key
+    engines = layout["engines"] * gpus
     return {
         "layout": layout["name"],
-        "engines": layout["engines"] * layout.get("gpus", 1),
-        "gpus": layout.get("gpus", 1),
+        "engines": engines,
+        "gpus": gpus,
         "omp_threads": layout.get("omp_threads"),
         "memory_share": layout["share"],
         "api_servers": layout["api_servers"],
@@ -324,7 +326,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         "peak_at": best["concurrency"],
         "p99_at_peak_s": (best["latency_s"] or {}).get("p99"),
         "knee_concurrency": knee,
-        "knee_per_engine": knee / (layout["engines"] * layout.get("gpus", 1)) if knee else None,
+        "knee_per_engine": knee / engines if knee else None,
         "engines_logged": layout["engines_logged"],
         "gpu": layout["gpu"],
     }
@@ -403,8 +405,8 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
         logged_ = r["engines_logged"][0] if r["engines_logged"] else {}
         gpu = r["gpu"] or {}
         body.append([
-            r["layout"], str(r.get("gpus", 1)), str(r["engines"]), f"{r['memory_share']:.2f}",
-            str(r["api_servers"]), str(r.get("omp_threads") or "vLLM's"),
+            r["layout"], str(r["gpus"]), str(r["engines"]), f"{r['memory_share']:.2f}",
+            str(r["api_servers"]), str(r["omp_threads"] or "vLLM's"),
             f"{r['peak_pages_per_s']:.2f}", f"{r['peak_pages_per_s'] / base:.2f}",
             str(r["peak_at"]), f"{r['p99_at_peak_s']:.2f}" if r["p99_at_peak_s"] else "",
             str(r["knee_concurrency"]),

@@ -39,25 +39,10 @@ install)
     ;;
 run)
     . .gpu-wheels/scripts/env.sh
-    layouts=${2:?layouts}
-    cpus=${3:-}
-    if [ -n "$cpus" ]; then
-        taskset -c "$cpus" python3 -m bench.gpu_layouts run "$layouts" ${LEVELS:+--levels "$LEVELS"} \
-            ${DURATION:+--duration "$DURATION"} ${CORPUS:+--corpus "$CORPUS"}
-    else
-        python3 -m bench.gpu_layouts run "$layouts" ${LEVELS:+--levels "$LEVELS"} \
-            ${DURATION:+--duration "$DURATION"} ${CORPUS:+--corpus "$CORPUS"}
-    fi
-    for f in "$GPU_RESULTS_DIR"/*.json; do
-        python3 - "$f" <<'EOF'
-import json, sys
-r = json.load(open(sys.argv[1]))
-name = r["layout"]["name"]
-for level in r["levels"]:
-    t = level["targets"][name]
-    print(name, level["concurrency"], round(t["pages_per_s"], 2), (t["latency_s"] or {}).get("p99"))
-EOF
-    done
+    taskset=()
+    [ -n "${3:-}" ] && taskset=(taskset -c "$3")
+    "${taskset[@]}" python3 -m bench.gpu_layouts run "${2:?layouts}" ${LEVELS:+--levels "$LEVELS"} \
+        ${DURATION:+--duration "$DURATION"} ${CORPUS:+--corpus "$CORPUS"}
     ;;
 merge)
     . .gpu-wheels/scripts/env.sh

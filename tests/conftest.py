@@ -8,7 +8,6 @@ never skipped.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from app.main import create_app
 from app.settings import Settings
 from tests.support.fake_backend import FakeVLLM
 from tests.support.media import ImageHost
+from tests.support.prometheus import metric
 from tests.support.servers import ThreadedServer, free_port, lifespan_client
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +33,6 @@ CLIENT_KEY = "sk-test-client-key"
 BACKEND_KEY = "sk-test-backend-key"
 TINY_SERVED_NAME = "paddleocr-vl-tiny"
 ENGINE_START_TIMEOUT = 600.0
-RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
 
 
 @pytest.fixture
@@ -117,9 +116,7 @@ class GatewayServer:
 
 def running_requests(metrics_text: str) -> float:
     """vLLM's own count of requests it is running, from its /metrics text."""
-    counts = RUNNING.findall(metrics_text)
-    assert counts, "vLLM's /metrics has no vllm:num_requests_running"
-    return sum(float(count) for count in counts)
+    return metric(metrics_text, "vllm:num_requests_running")
 
 
 def _tail(path: Path, lines: int = 60) -> str:

@@ -4,7 +4,6 @@ admits, a killed backend costs no request that had not started, a queued client 
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT, GatewayServer, VLLMServer, _stop, start_gateway, wait_until_up
+from tests.support.prometheus import metric
 from tests.support.servers import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.anyio]
@@ -31,22 +31,6 @@ def page(vllm: VLLMServer, tokens: int, *, stream: bool = False) -> dict[str, ob
         "ignore_eos": True,
         "stream": stream,
     }
-
-
-def sample(text: str, name: str) -> float:
-    """The sum of a metric's samples in a Prometheus text (all label sets)."""
-    values = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.MULTILINE)
-    assert values, f"{name} not found"
-    return sum(float(v) for v in values)
-
-
-def backend_gauge(text: str, name: str, url: str) -> float:
-    """`ocrvl_backend_<name>{backend="url"}` from the gateway's /metrics."""
-    match = re.search(
-        rf'^ocrvl_backend_{name}\{{backend="{re.escape(url)}"\}} ([0-9.e+-]+)$', text, re.MULTILINE
-    )
-    assert match, f"ocrvl_backend_{name} for {url} not found"
-    return float(match.group(1))
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +60,8 @@ async def test_a_burst_gets_200s_and_503s_and_vllm_never_queues(
         async with httpx.AsyncClient() as client:
             while not done.is_set():
                 text = (await client.get(f"{vllm_server.url}/metrics")).text
-                peaks["running"] = max(peaks["running"], sample(text, "vllm:num_requests_running"))
-                peaks["waiting"] = max(peaks["waiting"], sample(text, "vllm:num_requests_waiting"))
+                peaks["running"] = max(peaks["running"], metric(text, "vllm:num_requests_running"))
+                peaks["waiting"] = max(peaks["waiting"], metric(text, "vllm:num_requests_waiting"))
                 await asyncio.sleep(0.02)
 
     watcher = asyncio.create_task(watch_engine())
@@ -99,7 +83,7 @@ async def test_a_burst_gets_200s_and_503s_and_vllm_never_queues(
         assert int(shed.headers["retry-after"]) >= 1
     assert peaks["running"] <= CAPACITY
     assert peaks["waiting"] == 0
-    assert sample(metrics, "ocrvl_shed_total") == statuses.count(503)
+    assert metric(metrics, "ocrvl_shed_total") == statuses.count(503)
 
 
 async def test_a_client_leaving_the_queue_lets_the_next_one_in(
@@ -118,10 +102,10 @@ async def test_a_client_leaving_the_queue_lets_the_next_one_in(
         await asyncio.sleep(0.2)
         behind = asyncio.create_task(c.post("/v1/chat/completions", json=page(vllm_server, 8)))
         await asyncio.sleep(0.2)
-        depth = sample((await c.get("/metrics")).text, "ocrvl_queue_depth")
+        depth = metric((await c.get("/metrics")).text, "ocrvl_queue_depth")
         leaving.cancel()
         await asyncio.sleep(0.2)
-        depth_after = sample((await c.get("/metrics")).text, "ocrvl_queue_depth")
+        depth_after = metric((await c.get("/metrics")).text, "ocrvl_queue_depth")
         holders[0].cancel()  # its slot frees: the request behind takes it
         answer = await asyncio.wait_for(behind, 60)
         holders[1].cancel()
@@ -177,7 +161,9 @@ async def test_kill_drill_loses_no_request_that_had_not_started(
             results.append((time.monotonic(), response.status_code, text))
 
     async def healthy(client: httpx.AsyncClient) -> float:
-        return backend_gauge((await client.get("/metrics")).text, "healthy", fake.url)
+        return metric(
+            (await client.get("/metrics")).text, "ocrvl_backend_healthy", backend=fake.url
+        )
 
     async def until(client: httpx.AsyncClient, value: float, limit: float) -> float:
         started = time.monotonic()

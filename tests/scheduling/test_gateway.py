@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 
 import httpx
@@ -13,18 +12,12 @@ import pytest
 from app.main import create_app
 from tests.conftest import CLIENT_KEY, settings_for
 from tests.support.fake_backend import SERVED, FakeVLLM
+from tests.support.prometheus import metric
 from tests.support.servers import ThreadedServer, lifespan_client
 
 pytestmark = pytest.mark.anyio
 BODY = {"model": SERVED, "messages": [{"role": "user", "content": "OCR:"}]}
 AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
-
-
-def gauge(text: str, name: str) -> float:
-    """One sample of /metrics, by its full name with labels."""
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
-    assert match, f"{name} not in /metrics"
-    return float(match.group(1))
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -51,8 +44,8 @@ async def test_overload_is_a_fast_openai_503_with_retry_after(fake: FakeVLLM, st
     assert set(error) == {"message", "type", "param", "code"}
     assert "OCRVL_QUEUE_SIZE" in error["message"]
     assert len(fake.bodies) == 1  # the shed request never reached the backend
-    assert gauge(metrics, 'ocrvl_shed_total{reason="queue_full"}') == 1
-    assert gauge(metrics, f'ocrvl_backend_capacity{{backend="{fake.url}"}}') == 1
+    assert metric(metrics, "ocrvl_shed_total", reason="queue_full") == 1
+    assert metric(metrics, "ocrvl_backend_capacity", backend=fake.url) == 1
 
 
 async def test_a_stream_holds_its_slot_until_it_ends(fake: FakeVLLM) -> None:
@@ -85,8 +78,8 @@ async def test_queued_requests_are_served_in_turn(fake: FakeVLLM) -> None:
         )
         metrics = (await client.get("/metrics")).text
     assert [r.status_code for r in responses] == [200] * 6
-    assert gauge(metrics, "ocrvl_queue_wait_seconds_count") >= 5
-    assert gauge(metrics, "ocrvl_queue_depth") == 0
+    assert metric(metrics, "ocrvl_queue_wait_seconds_count") >= 5
+    assert metric(metrics, "ocrvl_queue_depth") == 0
 
 
 async def test_a_client_leaving_the_queue_frees_its_place(fake: FakeVLLM) -> None:
@@ -102,10 +95,10 @@ async def test_a_client_leaving_the_queue_frees_its_place(fake: FakeVLLM) -> Non
             await asyncio.sleep(0.1)
             behind = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
             await asyncio.sleep(0.1)
-            queued = gauge((await client.get("/metrics")).text, "ocrvl_queue_depth")
+            queued = metric((await client.get("/metrics")).text, "ocrvl_queue_depth")
             leaving.cancel()  # httpx closes the connection
             await asyncio.sleep(0.1)
-            after_leaving = gauge((await client.get("/metrics")).text, "ocrvl_queue_depth")
+            after_leaving = metric((await client.get("/metrics")).text, "ocrvl_queue_depth")
             assert (await holder).status_code == 200
             assert (await behind).status_code == 200
     assert (queued, after_leaving) == (2, 1)

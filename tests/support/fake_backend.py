@@ -25,6 +25,8 @@ from typing import Any
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
+from tests.support.servers import empty_lifespan
+
 SERVED = "fake-paddleocr-vl"
 STREAM_CHUNKS = [
     b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":'
@@ -71,9 +73,7 @@ class FakeVLLM:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await empty_lifespan(receive, send)
             return
         path = scope["path"]
         if path == "/health":

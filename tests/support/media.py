@@ -8,6 +8,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from tests.support.documents import transparent_png
+from tests.support.servers import empty_lifespan
 
 PNG = transparent_png(8, 8)
 
@@ -21,9 +22,7 @@ class ImageHost:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await empty_lifespan(receive, send)
             return
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         path, query = scope["path"], scope["query_string"].decode()

@@ -14,6 +14,13 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
+async def empty_lifespan(receive: Receive, send: Send) -> None:
+    """Answer the lifespan protocol for an app that has nothing to start or stop."""
+    while (await receive())["type"] != "lifespan.shutdown":
+        await send({"type": "lifespan.startup.complete"})
+    await send({"type": "lifespan.shutdown.complete"})
+
+
 @contextlib.asynccontextmanager
 async def lifespan_client(app: ASGIApp, **client_options: Any) -> AsyncIterator[httpx.AsyncClient]:
     """An httpx client on `app` through ASGITransport, with the app's lifespan run around it.

@@ -49,6 +49,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.profiles.memory import DTYPE_BYTES
+
 PROFILE_MODEL = Path(__file__).resolve().parents[2] / "app/profiles/data/paddleocr-vl-1.5"
 
 # ---------------------------------------------------------------------------------------------
@@ -56,63 +58,46 @@ PROFILE_MODEL = Path(__file__).resolve().parents[2] / "app/profiles/data/paddleo
 # kills the engine on the first request); the M-RoPE sections must add up to head_dim / 2.
 # ---------------------------------------------------------------------------------------------
 SEED = 1234
-DTYPE = "float32"  # vllm_configs/cpu.yaml says why; must match its `dtype`
-DTYPE_BYTES = 4
-
-TEXT_HIDDEN = 256
-TEXT_INTERMEDIATE = 512
-TEXT_LAYERS = 2
-TEXT_HEADS = 4
-TEXT_KV_HEADS = 2
-TEXT_HEAD_DIM = 64
-MROPE_SECTION = [8, 12, 12]  # sums to TEXT_HEAD_DIM // 2, same proportions as the real [16, 24, 24]
-MAX_POSITION_EMBEDDINGS = 8192
 ROPE_THETA = 500000.0
-
-VISION_HIDDEN = 64
-VISION_INTERMEDIATE = 128
-VISION_LAYERS = 2
-VISION_HEADS = 2  # vision head_dim 32
 PATCH_SIZE = 14
 MERGE_SIZE = 2
 VISION_IMAGE_SIZE = 384  # 27x27 learned position table, interpolated per image like the real one
 
-# One image token per (PATCH_SIZE * MERGE_SIZE)^2 = 784 pixels after resizing.
-# Defaults: 16 to 256 image tokens. A request's mm_processor_kwargs may override them (the
-# PaddleOCR client sends min_pixels=112896, max_pixels=1003520, i.e. 144 to 1280 tokens).
-MIN_PIXELS = 28 * 28 * 16  # 12544
-MAX_PIXELS = 28 * 28 * 256  # 200704
-
-KV_BYTES_PER_TOKEN = TEXT_LAYERS * TEXT_KV_HEADS * TEXT_HEAD_DIM * 2 * DTYPE_BYTES
-
 
 @dataclass(frozen=True)
 class Dims:
-    """The shapes, dtype, pixel limits and vocabulary layout of a generated checkpoint."""
+    """The shapes, dtype, pixel limits and vocabulary layout of a generated checkpoint (the
+    defaults are the tiny one's)."""
 
     name: str = "tiny"
-    dtype: str = DTYPE
-    text_hidden: int = TEXT_HIDDEN
-    text_intermediate: int = TEXT_INTERMEDIATE
-    text_layers: int = TEXT_LAYERS
-    text_heads: int = TEXT_HEADS
-    text_kv_heads: int = TEXT_KV_HEADS
-    text_head_dim: int = TEXT_HEAD_DIM
-    mrope_section: tuple[int, ...] = tuple(MROPE_SECTION)
-    max_position_embeddings: int = MAX_POSITION_EMBEDDINGS
-    vision_hidden: int = VISION_HIDDEN
-    vision_intermediate: int = VISION_INTERMEDIATE
-    vision_layers: int = VISION_LAYERS
-    vision_heads: int = VISION_HEADS
-    min_pixels: int = MIN_PIXELS
-    max_pixels: int = MAX_PIXELS
+    dtype: str = "float32"  # vllm_configs/cpu.yaml says why; must match its `dtype`
+    text_hidden: int = 256
+    text_intermediate: int = 512
+    text_layers: int = 2
+    text_heads: int = 4
+    text_kv_heads: int = 2
+    text_head_dim: int = 64
+    # sums to text_head_dim // 2, same proportions as the real (16, 24, 24)
+    mrope_section: tuple[int, ...] = (8, 12, 12)
+    max_position_embeddings: int = 8192
+    vision_hidden: int = 64
+    vision_intermediate: int = 128
+    vision_layers: int = 2
+    vision_heads: int = 2  # vision head_dim 32
+    # One image token per (PATCH_SIZE * MERGE_SIZE)^2 = 784 pixels after resizing: 16 to 256
+    # image tokens. A request's mm_processor_kwargs may override them (the PaddleOCR client
+    # sends min_pixels=112896, max_pixels=1003520, i.e. 144 to 1280 tokens).
+    min_pixels: int = 28 * 28 * 16  # 12544
+    max_pixels: int = 28 * 28 * 256  # 200704
     vocab_size: int | None = None  # None: exactly the special tokens and characters
     fixed_ids: dict[str, int] = field(default_factory=dict)  # token -> id it must have
 
     @property
     def kv_bytes_per_token(self) -> int:
-        dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[self.dtype]
-        return self.text_layers * self.text_kv_heads * self.text_head_dim * 2 * dtype_bytes
+        return (
+            self.text_layers * self.text_kv_heads * self.text_head_dim * 2
+            * DTYPE_BYTES[self.dtype]
+        )  # fmt: skip
 
 
 def full_dims() -> Dims:
