@@ -15,7 +15,8 @@ from PIL import Image
 from tests.conftest import VENV_BIN, GatewayServer, VLLMServer
 
 pytestmark = pytest.mark.vllm
-LEVELS, REQUESTS, TOKENS = [1, 2], 4, 12
+# answers long enough (tens of engine steps) that the 0.1 s engine sampler sees them running
+LEVELS, REQUESTS, TOKENS = [1, 2], 4, 64
 LATENCY = ("avg", "p50", "p90", "p99", "max")
 
 
