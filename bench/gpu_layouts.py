@@ -64,6 +64,7 @@ class Layout:
     max_num_seqs: int | None = None  # None: the profile's
     omp_threads: int | None = None  # OMP_NUM_THREADS of each engine; None: vLLM's own choice
     gpus: int = 1
+    encoder: str = "stock"  # OCRVL_VLLM_ENCODER: vLLM's own PaddleOCR-VL, or ocrvl_vllm's batched
 
 
 LAYOUTS = {
@@ -83,6 +84,11 @@ LAYOUTS = {
     "gpu2-omp1": Layout(1, 0.95, omp_threads=1, gpus=2),
     "gpu2-two-omp1": Layout(2, 0.45, omp_threads=1, gpus=2),
     "gpu2-three-omp1": Layout(3, 0.30, omp_threads=1, gpus=2),
+    # ocrvl_vllm (docs/engine-plugin.md): the step's images in one encoder pass, no GPU syncs
+    "batched": Layout(1, 0.95, encoder="batched"),
+    "two-batched": Layout(2, 0.45, encoder="batched"),
+    "batched-api2": Layout(1, 0.95, api_servers=2, encoder="batched"),
+    "gpu2-batched": Layout(1, 0.95, gpus=2, encoder="batched"),
 }
 
 
@@ -112,6 +118,22 @@ def prepare(vllm: list[str]) -> int:
     (WORK / "profile.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     print(f"profile for vLLM {VLLM_VERSION}: {config}; dropped {dropped}", flush=True)
     return 0
+
+
+def plugin_path() -> Path:
+    """A folder that makes ocrvl_vllm an installed vLLM plugin for a process that has it on
+    PYTHONPATH: the package (linked) and the entry point an installed wheel would declare."""
+    folder = WORK / "plugin"
+    info = folder / "ocrvl_vllm-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ocrvl-vllm\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nocrvl_encoder = ocrvl_vllm:register\n"
+    )
+    link = folder / "ocrvl_vllm"
+    if not link.exists():
+        link.symlink_to(ROOT / "ocrvl_vllm")
+    return folder
 
 
 def _free_port() -> int:
@@ -169,7 +191,11 @@ def engines(name: str, layout: Layout, vllm: list[str]) -> Iterator[list[tuple[s
                 command = [*vllm, "serve", str(MODEL_DIR), "--config", str(profile),
                            "--host", "127.0.0.1", "--port", str(port), "--served-model-name",
                            SERVED, "--api-server-count", str(layout.api_servers)]  # fmt: skip
-                environment = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+                path = [str(plugin_path()), os.environ.get("PYTHONPATH", "")]
+                environment = {
+                    **os.environ, "CUDA_VISIBLE_DEVICES": str(gpu), "OCRVL_VLLM_ENCODER":
+                    layout.encoder, "PYTHONPATH": os.pathsep.join(filter(None, path)),
+                }  # fmt: skip
                 if layout.omp_threads:
                     environment["OMP_NUM_THREADS"] = str(layout.omp_threads)
                 with log.open("wb") as out:
@@ -320,6 +346,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         "engines": engines,
         "gpus": gpus,
         "omp_threads": layout.get("omp_threads"),
+        "encoder": layout.get("encoder", "stock"),
         "memory_share": layout["share"],
         "api_servers": layout["api_servers"],
         "peak_pages_per_s": best["pages_per_s"],
@@ -396,7 +423,7 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
     from app.bench.report import table  # noqa: PLC0415
 
     base = rows[0]["peak_pages_per_s"] or 1.0
-    header = ["target", "GPUs", "engines", "share", "API servers", "torch threads",
+    header = ["target", "GPUs", "engines", "share", "API servers", "torch threads", "encoder",
               "peak pages/s", "x default",
               "at c", "p99 at peak s", "knee c", "knee per engine", "KV tokens (each)",
               "weights GiB", "graphs GiB", "GPU util avg/max %"]  # fmt: skip
@@ -406,7 +433,7 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
         gpu = r["gpu"] or {}
         body.append([
             r["layout"], str(r["gpus"]), str(r["engines"]), f"{r['memory_share']:.2f}",
-            str(r["api_servers"]), str(r["omp_threads"] or "vLLM's"),
+            str(r["api_servers"]), str(r["omp_threads"] or "vLLM's"), r["encoder"],
             f"{r['peak_pages_per_s']:.2f}", f"{r['peak_pages_per_s'] / base:.2f}",
             str(r["peak_at"]), f"{r['p99_at_peak_s']:.2f}" if r["p99_at_peak_s"] else "",
             str(r["knee_concurrency"]),
