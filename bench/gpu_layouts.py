@@ -65,6 +65,11 @@ class Layout:
     omp_threads: int | None = None  # OMP_NUM_THREADS of each engine; None: vLLM's own choice
     gpus: int = 1
     encoder: str = "stock"  # OCRVL_VLLM_ENCODER: vLLM's own PaddleOCR-VL, or ocrvl_vllm's batched
+    kv_gib: float | None = None  # --kv-cache-memory-bytes: KV fixed, vLLM's memory check skipped
+    together: bool = False  # start a GPU's engines at once (safe only with kv_gib)
+    mps: bool = (
+        False  # under NVIDIA MPS: the engines' kernels share the GPU instead of taking turns
+    )
 
 
 LAYOUTS = {
@@ -89,6 +94,11 @@ LAYOUTS = {
     "two-batched": Layout(2, 0.45, encoder="batched"),
     "batched-api2": Layout(1, 0.95, api_servers=2, encoder="batched"),
     "gpu2-batched": Layout(1, 0.95, gpus=2, encoder="batched"),
+    # Several engines under one MPS server (16 GiB of KV each: 870k tokens, 3x what 384 pages hold)
+    "two-mps": Layout(2, 0.45, kv_gib=16, together=True, mps=True),
+    "three-mps": Layout(3, 0.30, kv_gib=16, together=True, mps=True),
+    "four-mps": Layout(4, 0.22, kv_gib=16, together=True, mps=True),
+    "gpu2-two-mps": Layout(2, 0.45, kv_gib=16, together=True, mps=True, gpus=2),
 }
 
 
@@ -177,6 +187,8 @@ def engines(name: str, layout: Layout, vllm: list[str]) -> Iterator[list[tuple[s
     config["gpu-memory-utilization"] = layout.share
     if layout.max_num_seqs:
         config["max-num-seqs"] = layout.max_num_seqs
+    if layout.kv_gib:
+        config["kv-cache-memory-bytes"] = int(layout.kv_gib * 2**30)
     profile = WORK / f"profile-{name}.yaml"
     profile.write_text(yaml.safe_dump(config, sort_keys=False))
     processes: list[subprocess.Popen[bytes]] = []
@@ -184,9 +196,10 @@ def engines(name: str, layout: Layout, vllm: list[str]) -> Iterator[list[tuple[s
     try:
         # One engine per GPU at a time, the GPUs in parallel: engines sharing a GPU must not
         # profile its memory at the same time.
-        for index in range(layout.engines):
+        waves = [range(layout.engines)] if layout.together else [[i] for i in range(layout.engines)]
+        for wave_index, indices in enumerate(waves):
             wave: list[tuple[str, Path, subprocess.Popen[bytes]]] = []
-            for gpu in range(layout.gpus):
+            for gpu, index in ((g, i) for g in range(layout.gpus) for i in indices):
                 port, log = _free_port(), WORK / f"vllm-{name}-{gpu}-{index}.log"
                 command = [*vllm, "serve", str(MODEL_DIR), "--config", str(profile),
                            "--host", "127.0.0.1", "--port", str(port), "--served-model-name",
@@ -209,11 +222,37 @@ def engines(name: str, layout: Layout, vllm: list[str]) -> Iterator[list[tuple[s
             for url, log, process in wave:
                 _wait(f"{url}/health", process, log, 420)
                 started.append((url, log))
-            print(f"{name}: engine wave {index} healthy after {time.monotonic() - began:.0f} s",
-                  flush=True)  # fmt: skip
+            print(f"{name}: engine wave {wave_index} healthy after "
+                  f"{time.monotonic() - began:.0f} s", flush=True)  # fmt: skip
         yield started
     finally:
         _stop(processes)
+
+
+@contextlib.contextmanager
+def mps(enabled: bool) -> Iterator[None]:
+    """An NVIDIA MPS control daemon for the block (engines inherit its pipe directory)."""
+    if not enabled:
+        yield
+        return
+    folder = WORK / "mps"
+    environment = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"),
+                   "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}  # fmt: skip
+    for path in environment.values():
+        Path(path).mkdir(parents=True, exist_ok=True)
+    saved = {key: os.environ.get(key) for key in environment}
+    os.environ.update(environment)
+    subprocess.run(["nvidia-cuda-mps-control", "-d"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", check=False)
+        time.sleep(2)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @contextlib.contextmanager
@@ -294,7 +333,11 @@ def run(
         layout = LAYOUTS[name]
         began = time.monotonic()
         try:
-            with engines(name, layout, vllm) as started, gateway([u for u, _ in started]) as gw:
+            with (
+                mps(layout.mps),
+                engines(name, layout, vllm) as started,
+                gateway([u for u, _ in started]) as gw,
+            ):
                 samples = WORK / f"gpu-{name}.csv"
                 with gpu_sampler(samples):
                     report = main(
@@ -347,6 +390,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         "gpus": gpus,
         "omp_threads": layout.get("omp_threads"),
         "encoder": layout.get("encoder", "stock"),
+        "mps": layout.get("mps", False),
         "memory_share": layout["share"],
         "api_servers": layout["api_servers"],
         "peak_pages_per_s": best["pages_per_s"],
@@ -433,7 +477,8 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
         gpu = r["gpu"] or {}
         body.append([
             r["layout"], str(r["gpus"]), str(r["engines"]), f"{r['memory_share']:.2f}",
-            str(r["api_servers"]), str(r["omp_threads"] or "vLLM's"), r["encoder"],
+            str(r["api_servers"]), str(r["omp_threads"] or "vLLM's"),
+            r["encoder"] + (", MPS" if r["mps"] else ""),
             f"{r['peak_pages_per_s']:.2f}", f"{r['peak_pages_per_s'] / base:.2f}",
             str(r["peak_at"]), f"{r['p99_at_peak_s']:.2f}" if r["p99_at_peak_s"] else "",
             str(r["knee_concurrency"]),

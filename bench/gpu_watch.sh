@@ -4,7 +4,7 @@
 #   bash bench/gpu_watch.sh DIR [PERIOD] &
 set -uo pipefail
 dir=${1:?usage: gpu_watch.sh DIR [PERIOD]}; period=${2:-60}
-spy=/tmp/site/bin/py-spy
+spy=${SPY:-/tmp/spy/bin/py-spy}
 mkdir -p "$dir"
 while sleep "$period"; do
     stamp=$(date +%H%M%S)
