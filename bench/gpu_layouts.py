@@ -31,7 +31,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -64,12 +64,10 @@ class Layout:
     max_num_seqs: int | None = None  # None: the profile's
     omp_threads: int | None = None  # OMP_NUM_THREADS of each engine; None: vLLM's own choice
     gpus: int = 1
-    encoder: str = "stock"  # OCRVL_VLLM_ENCODER: vLLM's own PaddleOCR-VL, or ocrvl_vllm's batched
     kv_gib: float | None = None  # --kv-cache-memory-bytes: KV fixed, vLLM's memory check skipped
     together: bool = False  # start a GPU's engines at once (safe only with kv_gib)
-    mps: bool = (
-        False  # under NVIDIA MPS: the engines' kernels share the GPU instead of taking turns
-    )
+    mps: bool = False  # under NVIDIA MPS: engines share the GPU instead of taking turns
+    renderer_workers: int | None = None  # --renderer-num-workers (vLLM's default: 1 thread)
 
 
 LAYOUTS = {
@@ -89,16 +87,17 @@ LAYOUTS = {
     "gpu2-omp1": Layout(1, 0.95, omp_threads=1, gpus=2),
     "gpu2-two-omp1": Layout(2, 0.45, omp_threads=1, gpus=2),
     "gpu2-three-omp1": Layout(3, 0.30, omp_threads=1, gpus=2),
-    # ocrvl_vllm (docs/engine-plugin.md): the step's images in one encoder pass, no GPU syncs
-    "batched": Layout(1, 0.95, encoder="batched"),
-    "two-batched": Layout(2, 0.45, encoder="batched"),
-    "batched-api2": Layout(1, 0.95, api_servers=2, encoder="batched"),
-    "gpu2-batched": Layout(1, 0.95, gpus=2, encoder="batched"),
     # Several engines under one MPS server (16 GiB of KV each: 870k tokens, 3x what 384 pages hold)
     "two-mps": Layout(2, 0.45, kv_gib=16, together=True, mps=True),
     "three-mps": Layout(3, 0.30, kv_gib=16, together=True, mps=True),
     "four-mps": Layout(4, 0.22, kv_gib=16, together=True, mps=True),
     "gpu2-two-mps": Layout(2, 0.45, kv_gib=16, together=True, mps=True, gpus=2),
+    # vLLM's API server preprocesses images in one worker thread by default (renderer-num-
+    # workers 1); side by side (`run --together`) with KV fixed so both start at once
+    "default-kv16": Layout(1, 0.95, kv_gib=16),
+    "renderer8-kv16": Layout(1, 0.95, kv_gib=16, renderer_workers=8),
+    "renderer8": Layout(1, 0.95, renderer_workers=8),
+    "two-renderer8-mps": Layout(2, 0.45, kv_gib=16, together=True, mps=True, renderer_workers=8),
 }
 
 
@@ -128,22 +127,6 @@ def prepare(vllm: list[str]) -> int:
     (WORK / "profile.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     print(f"profile for vLLM {VLLM_VERSION}: {config}; dropped {dropped}", flush=True)
     return 0
-
-
-def plugin_path() -> Path:
-    """A folder that makes ocrvl_vllm an installed vLLM plugin for a process that has it on
-    PYTHONPATH: the package (linked) and the entry point an installed wheel would declare."""
-    folder = WORK / "plugin"
-    info = folder / "ocrvl_vllm-0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ocrvl-vllm\nVersion: 0\n")
-    (info / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nocrvl_encoder = ocrvl_vllm:register\n"
-    )
-    link = folder / "ocrvl_vllm"
-    if not link.exists():
-        link.symlink_to(ROOT / "ocrvl_vllm")
-    return folder
 
 
 def _free_port() -> int:
@@ -180,50 +163,69 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
             process.wait()
 
 
-@contextlib.contextmanager
-def engines(name: str, layout: Layout, vllm: list[str]) -> Iterator[list[tuple[str, Path]]]:
-    """Start the layout's engines one after the other; (URL, log) of each, stopped at the end."""
+def _profile(name: str, layout: Layout) -> Path:
+    """The layout's engine config: the profile with its share, seqs, KV and renderer workers."""
     config = yaml.safe_load((WORK / "profile.yaml").read_text())
     config["gpu-memory-utilization"] = layout.share
     if layout.max_num_seqs:
         config["max-num-seqs"] = layout.max_num_seqs
     if layout.kv_gib:
         config["kv-cache-memory-bytes"] = int(layout.kv_gib * 2**30)
+    if layout.renderer_workers:
+        config["renderer-num-workers"] = layout.renderer_workers
     profile = WORK / f"profile-{name}.yaml"
     profile.write_text(yaml.safe_dump(config, sort_keys=False))
+    return profile
+
+
+Launched = list[tuple[str, Path, subprocess.Popen[bytes]]]
+
+
+def launch(name: str, layout: Layout, vllm: list[str], indices: Iterable[int]) -> Launched:
+    """Start engines `indices` of the layout on each of its GPUs; (URL, log, process) each."""
+    profile = _profile(name, layout)
+    wave: Launched = []
+    for gpu, index in ((g, i) for g in range(layout.gpus) for i in indices):
+        port, log = _free_port(), WORK / f"vllm-{name}-{gpu}-{index}.log"
+        command = [*vllm, "serve", str(MODEL_DIR), "--config", str(profile),
+                   "--host", "127.0.0.1", "--port", str(port), "--served-model-name",
+                   SERVED, "--api-server-count", str(layout.api_servers)]  # fmt: skip
+        environment = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+        if layout.omp_threads:
+            environment["OMP_NUM_THREADS"] = str(layout.omp_threads)
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, env=environment,
+                start_new_session=True,
+            )  # fmt: skip
+        wave.append((f"http://127.0.0.1:{port}", log, process))
+    return wave
+
+
+def healthy(wave: Launched, label: str) -> list[tuple[str, Path]]:
+    """Wait until every engine of `wave` answers /health; (URL, log) of each."""
+    began = time.monotonic()
+    for url, log, process in wave:
+        _wait(f"{url}/health", process, log, 420)
+    print(f"{label}: {len(wave)} engine(s) healthy after {time.monotonic() - began:.0f} s",
+          flush=True)  # fmt: skip
+    return [(url, log) for url, log, _ in wave]
+
+
+@contextlib.contextmanager
+def engines(name: str, layout: Layout, vllm: list[str]) -> Iterator[list[tuple[str, Path]]]:
+    """Start the layout's engines; (URL, log) of each, stopped at the end.
+
+    One engine per GPU at a time, the GPUs in parallel: engines sharing a GPU must not profile
+    its memory at the same time, unless their KV is fixed (`together`)."""
+    waves = [range(layout.engines)] if layout.together else [[i] for i in range(layout.engines)]
     processes: list[subprocess.Popen[bytes]] = []
     started: list[tuple[str, Path]] = []
     try:
-        # One engine per GPU at a time, the GPUs in parallel: engines sharing a GPU must not
-        # profile its memory at the same time.
-        waves = [range(layout.engines)] if layout.together else [[i] for i in range(layout.engines)]
-        for wave_index, indices in enumerate(waves):
-            wave: list[tuple[str, Path, subprocess.Popen[bytes]]] = []
-            for gpu, index in ((g, i) for g in range(layout.gpus) for i in indices):
-                port, log = _free_port(), WORK / f"vllm-{name}-{gpu}-{index}.log"
-                command = [*vllm, "serve", str(MODEL_DIR), "--config", str(profile),
-                           "--host", "127.0.0.1", "--port", str(port), "--served-model-name",
-                           SERVED, "--api-server-count", str(layout.api_servers)]  # fmt: skip
-                path = [str(plugin_path()), os.environ.get("PYTHONPATH", "")]
-                environment = {
-                    **os.environ, "CUDA_VISIBLE_DEVICES": str(gpu), "OCRVL_VLLM_ENCODER":
-                    layout.encoder, "PYTHONPATH": os.pathsep.join(filter(None, path)),
-                }  # fmt: skip
-                if layout.omp_threads:
-                    environment["OMP_NUM_THREADS"] = str(layout.omp_threads)
-                with log.open("wb") as out:
-                    process = subprocess.Popen(
-                        command, stdout=out, stderr=subprocess.STDOUT, env=environment,
-                        start_new_session=True,
-                    )  # fmt: skip
-                processes.append(process)
-                wave.append((f"http://127.0.0.1:{port}", log, process))
-            began = time.monotonic()
-            for url, log, process in wave:
-                _wait(f"{url}/health", process, log, 420)
-                started.append((url, log))
-            print(f"{name}: engine wave {wave_index} healthy after "
-                  f"{time.monotonic() - began:.0f} s", flush=True)  # fmt: skip
+        for number, indices in enumerate(waves):
+            wave = launch(name, layout, vllm, indices)
+            processes += [process for _, _, process in wave]
+            started += healthy(wave, f"{name} wave {number}")
         yield started
     finally:
         _stop(processes)
@@ -321,49 +323,64 @@ def logged(log: Path) -> dict[str, float]:
     return found
 
 
+def measure(name: str, layout: Layout, started: list[tuple[str, Path]], sweep: Any) -> None:
+    """Sweep the gateway in front of `started`; RESULTS/<name>.json."""
+    began = time.monotonic()
+    with gateway([u for u, _ in started]) as gw:
+        samples = WORK / f"gpu-{name}.csv"
+        with gpu_sampler(samples):
+            report = sweep(gw, name, [f"{u}/metrics" for u, _ in started])
+    report["layout"] = asdict(layout) | {
+        "name": name,
+        "engines_logged": [logged(log) for _, log in started],
+        "gpu": _gpu_summary(samples),
+        "seconds": time.monotonic() - began,
+    }
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+
+
 def run(
-    names: list[str], vllm: list[str], levels: list[int], duration: float, corpus: int = 4000
+    names: list[str],
+    vllm: list[str],
+    levels: list[int],
+    duration: float,
+    corpus: int = 4000,
+    *,
+    together: bool = False,
 ) -> int:
-    """Sweep each named layout through the gateway; one JSON per layout in RESULTS."""
+    """Sweep each named layout through the gateway; one JSON per layout in RESULTS.
+
+    `together`: every layout's engines start at once (all need a fixed KV) and stay up; the
+    layouts are then swept one after the other, the others idle."""
     from app.bench.load import Shape  # noqa: PLC0415
     from app.bench.sweep import Config, main  # noqa: PLC0415
 
+    def sweep(gateway_url: str, name: str, metrics: list[str]) -> dict[str, Any]:
+        return main(
+            Config(
+                urls=[gateway_url], keys=[KEY], labels=[name], levels=levels,
+                duration=duration, corpus=corpus, shape=Shape(max_tokens=256, ignore_eos=True),
+                metrics_urls=metrics, max_error_rate=0.05, out=RESULTS, name=name,
+                plot=False, command=f"python3 -m bench.gpu_layouts run {name}",
+            )
+        )  # fmt: skip
+
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if together:
+        waves = {name: launch(name, LAYOUTS[name], vllm, range(LAYOUTS[name].engines))
+                 for name in names}  # fmt: skip
+        try:
+            ready = {name: healthy(wave, name) for name, wave in waves.items()}
+            for name in names:
+                measure(name, LAYOUTS[name], ready[name], sweep)
+        finally:
+            _stop([process for wave in waves.values() for _, _, process in wave])
+        return 0
     for name in names:
         layout = LAYOUTS[name]
-        began = time.monotonic()
         try:
-            with (
-                mps(layout.mps),
-                engines(name, layout, vllm) as started,
-                gateway([u for u, _ in started]) as gw,
-            ):
-                samples = WORK / f"gpu-{name}.csv"
-                with gpu_sampler(samples):
-                    report = main(
-                        Config(
-                            urls=[gw],
-                            keys=[KEY],
-                            labels=[name],
-                            levels=levels,
-                            duration=duration,
-                            corpus=corpus,
-                            shape=Shape(max_tokens=256, ignore_eos=True),
-                            metrics_urls=[f"{u}/metrics" for u, _ in started],
-                            max_error_rate=0.05,
-                            out=RESULTS,
-                            name=name,
-                            plot=False,
-                            command=f"python3 -m bench.gpu_layouts run {name}",
-                        )
-                    )
-                report["layout"] = asdict(layout) | {
-                    "name": name,
-                    "engines_logged": [logged(log) for _, log in started],
-                    "gpu": _gpu_summary(samples),
-                    "seconds": time.monotonic() - began,
-                }
-                (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+            with mps(layout.mps), engines(name, layout, vllm) as started:
+                measure(name, layout, started, sweep)
         except RuntimeError as exc:
             print(f"layout {name} failed: {exc}", flush=True)
             (RESULTS / f"{name}.failed.txt").write_text(str(exc))
@@ -389,7 +406,6 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         "engines": engines,
         "gpus": gpus,
         "omp_threads": layout.get("omp_threads"),
-        "encoder": layout.get("encoder", "stock"),
         "mps": layout.get("mps", False),
         "memory_share": layout["share"],
         "api_servers": layout["api_servers"],
@@ -433,7 +449,8 @@ def merge(out: Path, names: list[str] | None, stem: str | None = None, note: str
         "layouts": [summary(found[n]) for n in order],
         "load_generator": first["load_generator"],
     }
-    for concurrency in first["settings"]["concurrency"]:
+    every = {level["concurrency"] for name in order for level in found[name]["levels"]}
+    for concurrency in sorted(every):  # layouts may have swept different levels
         entry: dict[str, Any] = {"concurrency": concurrency, "order": [], "targets": {}}
         for name in order:
             for level in found[name]["levels"]:
@@ -467,7 +484,7 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
     from app.bench.report import table  # noqa: PLC0415
 
     base = rows[0]["peak_pages_per_s"] or 1.0
-    header = ["target", "GPUs", "engines", "share", "API servers", "torch threads", "encoder",
+    header = ["target", "GPUs", "engines", "share", "API servers", "torch threads", "MPS",
               "peak pages/s", "x default",
               "at c", "p99 at peak s", "knee c", "knee per engine", "KV tokens (each)",
               "weights GiB", "graphs GiB", "GPU util avg/max %"]  # fmt: skip
@@ -478,7 +495,7 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
         body.append([
             r["layout"], str(r["gpus"]), str(r["engines"]), f"{r['memory_share']:.2f}",
             str(r["api_servers"]), str(r["omp_threads"] or "vLLM's"),
-            r["encoder"] + (", MPS" if r["mps"] else ""),
+            "yes" if r["mps"] else "",
             f"{r['peak_pages_per_s']:.2f}", f"{r['peak_pages_per_s'] / base:.2f}",
             str(r["peak_at"]), f"{r['p99_at_peak_s']:.2f}" if r["p99_at_peak_s"] else "",
             str(r["knee_concurrency"]),
@@ -531,6 +548,9 @@ def main_cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="measured seconds per level")
     parser.add_argument("--corpus", type=int, default=4000,
                         help="distinct pages; a level that runs out ends early")  # fmt: skip
+    parser.add_argument(
+        "--together", action="store_true", help="all engines up at once (fixed KV), swept in turn"
+    )
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-out")))
     parser.add_argument("--stem", help="report file name (default: gpu-h200-<date of the run>)")
     parser.add_argument("--note", default="", help="a sentence for the report's notes")
@@ -541,7 +561,7 @@ def main_cli(argv: list[str] | None = None) -> int:
         return prepare(vllm)
     if args.action == "run":
         levels = [int(c) for c in args.levels.split(",")]
-        return run(names, vllm, levels, args.duration, args.corpus)
+        return run(names, vllm, levels, args.duration, args.corpus, together=args.together)
     return merge(args.out, names or None, args.stem, args.note)
 
 

@@ -5,6 +5,7 @@
 #   bash bench/gpu_session.sh receive K            # part K of .gpu-wheels (carry it and scripts/)
 #   bash bench/gpu_session.sh install              # vLLM + the gateway's wheels (.whl), checkpoint
 #   bash bench/gpu_session.sh run LAYOUTS [CPUS]   # sweep layouts; CPUS: taskset list, e.g. 0-15
+#                                                  # (TOGETHER=1: all engines up at once, KV fixed)
 #   bash bench/gpu_session.sh merge                # report of every layout run into $OUT
 #
 # Every stage copies what exists so far (results, engine logs) to $OUT, so a call cut short by
@@ -42,7 +43,7 @@ run)
     taskset=()
     [ -n "${3:-}" ] && taskset=(taskset -c "$3")
     "${taskset[@]}" python3 -m bench.gpu_layouts run "${2:?layouts}" ${LEVELS:+--levels "$LEVELS"} \
-        ${DURATION:+--duration "$DURATION"} ${CORPUS:+--corpus "$CORPUS"}
+        ${DURATION:+--duration "$DURATION"} ${CORPUS:+--corpus "$CORPUS"} ${TOGETHER:+--together}
     ;;
 merge)
     . .gpu-wheels/scripts/env.sh

@@ -114,6 +114,8 @@ def ratios_table(report: dict[str, Any]) -> str:
         header += [f"{other}/{first} pages/s", f"{other}/{first} p99"]
     rows = []
     for entry in report["levels"]:
+        if not entry.get("ratios"):
+            continue  # a level only some targets ran (merged layout reports)
         cells = [str(entry["concurrency"])]
         for other in others:
             ratio = entry["ratios"].get(other, {})

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# On the GPU host, after every part arrived: join, check, install vLLM 0.32.0 + torch 2.13.0 into
+# /tmp/site032 (the host's own torch 2.11 stays; /tmp/site032 shadows it via PYTHONPATH).
+#   bash install.sh
+set -euo pipefail
+cat /tmp/chunks/whl.tar.part* > /tmp/whl.tar
+[ "$(sha256sum /tmp/whl.tar | cut -d' ' -f1)" = "$(cat /tmp/chunks/SHA256)" ] || { echo "sha256 mismatch: a part is missing or broken" >&2; exit 1; }
+rm -rf /tmp/whl && mkdir -p /tmp/whl && tar -xf /tmp/whl.tar -C /tmp/whl && rm /tmp/whl.tar
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site032 /tmp/whl/.whl/*.whl
+rm -rf /tmp/whl
+. "$(dirname "$0")/env.sh"
+python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'cudnn', torch.backends.cudnn.version(), 'nccl', torch.cuda.nccl.version())"

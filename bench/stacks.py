@@ -1,0 +1,58 @@
+"""Where a process's Python time goes, from py-spy's raw stacks (bench/gpu_watch.sh writes them).
+
+    python -m bench.stacks FILE [FILE ...] [--top 40]
+
+Prints each frame's inclusive share of the samples (the frame anywhere on the stack) and each
+leaf's share (the frame on top), both against every sample of the files given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+
+def frame(text: str) -> str:
+    """`function (path/to/file.py:123)` as `function file.py:123`."""
+    name, _, where = text.partition(" (")
+    return f"{name} {where.rstrip(')').rsplit('/', 1)[-1]}".strip()
+
+
+def shares(paths: list[Path]) -> tuple[int, Counter[str], Counter[str]]:
+    """(samples, inclusive counts, leaf counts) over py-spy `--format raw` files."""
+    total, inclusive, leaves = 0, Counter[str](), Counter[str]()
+    for path in paths:
+        for line in path.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            samples, frames = int(count), [frame(f) for f in stack.split(";")]
+            total += samples
+            inclusive.update(dict.fromkeys(set(frames), samples))
+            leaves[frames[-1]] += samples
+    return total, inclusive, leaves
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line."""
+    parser = argparse.ArgumentParser(prog="python -m bench.stacks")
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--top", type=int, default=40)
+    args = parser.parse_args(argv)
+    total, inclusive, leaves = shares(args.files)
+    if not total:
+        print("no samples", file=sys.stderr)
+        return 1
+    print(f"{total} samples in {len(args.files)} file(s)\n\ninclusive:")
+    for name, count in inclusive.most_common(args.top):
+        print(f"{100 * count / total:5.1f} %  {name}")
+    print("\nleaf:")
+    for name, count in leaves.most_common(args.top // 2):
+        print(f"{100 * count / total:5.1f} %  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
