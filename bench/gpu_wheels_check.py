@@ -49,7 +49,7 @@ ACCEPTED = {
     "cuda-toolkit": "metapackage; host 13.0.2 libs are soname-compatible (cublas 13.1.0 vs 13.1.1)",
     "numpy": "mistral_common caps numpy<2.4 (py<=3.12); 0.23 ran it on the host's 2.5.2",
     "flashinfer-python": "FA3 on sm90; sampler off via VLLM_USE_FLASHINFER_SAMPLER=0",
-    "tilelang": "vllm/tilelang_utils imports it inside functions only",
+    "tilelang": "only the mhc kernels (other models) import vllm.tilelang_utils",
     "nvidia-cudnn-frontend": "only vllm_flash_attn/cute bench files import cudnn (guarded)",
     "nvtx": "imported inside a function (v1/utils.py) for profiling ranges only",
     "fastsafetensors": "guarded import; only --load-format fastsafetensors",
