@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU host's side of a bench.gpu_layouts session (../shared/gpu/README.md: vLLM 0.23.0 from
 # /tmp/site, wheels carried in six parts, one call each). Run from the checkout root there:
+# (vLLM 0.32.0 instead: WHEELS=.gpu-wheels-032 GPU_VLLM_VERSION=0.32.0 on every stage, the parts
+# made by bench/gpu_fetch_wheels.sh, 31 of them, the host scripts from bench/gpu032/)
 #
 #   bash bench/gpu_session.sh receive K            # part K of .gpu-wheels (carry it and scripts/)
 #   bash bench/gpu_session.sh install              # vLLM + the gateway's wheels (.whl), checkpoint
@@ -13,6 +15,7 @@
 set -uo pipefail
 stage=${1:?usage: gpu_session.sh receive K | install | run LAYOUTS [CPUS] | merge}
 export GPU_BENCH_DIR=/tmp/gpu-bench GPU_RESULTS_DIR=/tmp/gpu-results
+wheels=${WHEELS:-.gpu-wheels}
 out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out" "$GPU_BENCH_DIR" "$GPU_RESULTS_DIR"
 
@@ -26,27 +29,28 @@ trap collect EXIT
 
 case $stage in
 receive)
-    bash .gpu-wheels/scripts/receive.sh .gpu-wheels "${2:?part number}"
+    bash "$wheels/scripts/receive.sh" "$wheels" "${2:?part number}"
     ;;
 install)
-    bash .gpu-wheels/scripts/install.sh || exit 1
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-    . .gpu-wheels/scripts/env.sh
+    bash "$wheels/scripts/install.sh" || exit 1
+    . "$wheels/scripts/env.sh"
+    site=${PYTHONPATH%%:*}  # where env.sh put vLLM: the gateway's own wheels go beside it
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl
     # Does this vLLM pin its serving loop to one torch thread itself (later versions do)?
-    grep -rln "set_torch_threads_for_runtime\|Reducing Torch threads" /tmp/site/vllm \
+    grep -rln "set_torch_threads_for_runtime\|Reducing Torch threads" "$site/vllm" \
         | head -3 || echo "vLLM does not manage torch threads for serving"
     nproc; nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
     python3 -m bench.gpu_layouts prepare
     ;;
 run)
-    . .gpu-wheels/scripts/env.sh
+    . "$wheels/scripts/env.sh"
     taskset=()
     [ -n "${3:-}" ] && taskset=(taskset -c "$3")
     "${taskset[@]}" python3 -m bench.gpu_layouts run "${2:?layouts}" ${LEVELS:+--levels "$LEVELS"} \
         ${DURATION:+--duration "$DURATION"} ${CORPUS:+--corpus "$CORPUS"} ${TOGETHER:+--together}
     ;;
 merge)
-    . .gpu-wheels/scripts/env.sh
+    . "$wheels/scripts/env.sh"
     python3 -m bench.gpu_layouts merge --out "$out" "${2:-}"
     ;;
 *)

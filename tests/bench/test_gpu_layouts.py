@@ -1,0 +1,62 @@
+"""bench.gpu_layouts without a GPU: each layout's engine config, and merging stored H200 runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench import gpu_layouts
+
+RAW = Path(__file__).resolve().parents[2] / "bench/results/gpu-h200-2026-12-01-third-raw/mps"
+
+
+def test_a_layout_writes_its_share_fixed_kv_and_renderer_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The profile as prepared, plus the layout's own keys and nothing else changed."""
+    monkeypatch.setattr(gpu_layouts, "WORK", tmp_path)
+    (tmp_path / "profile.yaml").write_text(yaml.safe_dump({"max-num-seqs": 256, "dtype": "bf16"}))
+    layout = gpu_layouts.Layout(2, 0.45, kv_gib=16, renderer_workers=8, together=True)
+    config = yaml.safe_load(gpu_layouts._profile("x", layout).read_text())
+    assert config == {
+        "max-num-seqs": 256,
+        "dtype": "bf16",
+        "gpu-memory-utilization": 0.45,
+        "kv-cache-memory-bytes": 16 * 2**30,
+        "renderer-num-workers": 8,
+    }
+    plain = yaml.safe_load(gpu_layouts._profile("y", gpu_layouts.LAYOUTS["default"]).read_text())
+    assert "kv-cache-memory-bytes" not in plain
+    assert "renderer-num-workers" not in plain
+
+
+def test_merging_layouts_that_swept_different_levels_keeps_every_level(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stored MPS run (default 128/256, two-mps 256/384, three-mps 384/512): all six rows,
+    ratios only where the default ran too, peaks against the default's."""
+    results = tmp_path / "results"
+    shutil.copytree(RAW, results, ignore=shutil.ignore_patterns("*.csv", "vllm-logs"))
+    monkeypatch.setattr(gpu_layouts, "RESULTS", results)
+    out = tmp_path / "out"
+    assert gpu_layouts.merge(out, ["default", "two-mps", "three-mps"], stem="m") == 0
+    merged = json.loads((out / "m.json").read_text())
+    assert [level["concurrency"] for level in merged["levels"]] == [128, 256, 384, 512]
+    text = (out / "m.md").read_text()
+    sweep = text.split("Ratios to the first target")[0]
+    names = ("| default |", "| two-mps |", "| three-mps |")
+    rows = [line.split("|")[1:3] for line in sweep.splitlines() if line.startswith(names)]
+    assert [(name.strip(), int(c)) for name, c in rows] == [
+        ("default", 128), ("default", 256), ("two-mps", 256),
+        ("two-mps", 384), ("three-mps", 384), ("three-mps", 512),
+    ]  # fmt: skip
+    ratios = text.split("Ratios to the first target")[1].split("![")[0]
+    ratio_rows = [line for line in ratios.splitlines() if line[:3] in ("| 1", "| 2", "| 3", "| 5")]
+    assert [row.split("|")[1].strip() for row in ratio_rows] == ["256"]
+    peaks = {row["layout"]: row["peak_pages_per_s"] for row in merged["layouts"]}
+    assert peaks["two-mps"] / peaks["default"] == pytest.approx(1.54, abs=0.01)
+    assert all(row["mps"] for row in merged["layouts"] if row["layout"] != "default")
