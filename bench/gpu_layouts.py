@@ -2,18 +2,21 @@
 
     python3 -m bench.gpu_layouts prepare                       # full-size checkpoint, profile
     python3 -m bench.gpu_layouts run default,omp1 [--levels 1,32,64,128,256] [--duration 30]
+    python3 -m bench.gpu_layouts run default-kv16,renderer8-kv16 --together   # one start, A/B
     python3 -m bench.gpu_layouts merge [LAYOUTS] --out DIR [--stem NAME] [--note TEXT]
 
 bench/gpu_session.sh wraps these for the host, one stage per device call. Windows shorter than
 a few latencies (12 s at c >= 128, where a page takes 5-17 s) read noise: keep 30 s there.
 
-For the offline H200 host (../shared/gpu/README.md: vLLM 0.23.0 from /tmp/site). `prepare`
-builds the full-size random PaddleOCR-VL (tests/support/tiny_model.py --full) and writes the
-`h200-141gb` profile as shipped minus the keys vLLM 0.23 lacks (its stored flag set says which).
-`run` starts each layout's engines one after the other on a GPU (starting them together fails
-vLLM's memory profiling; `gpu2-*` layouts start one per GPU at a time), a real `ocrvl serve`
-in front of them, and sweeps the gateway with pages of ~1,280 image tokens and 256 output
-tokens forced by ignore_eos; every engine's /metrics is sampled. Results go to
+For the offline H200 host (../shared/gpu/README.md: vLLM 0.23.0 from /tmp/site; 0.32.0 with
+GPU_VLLM_VERSION and bench/gpu_wheels_032.txt). `prepare` builds the full-size random PaddleOCR-VL
+(tests/support/tiny_model.py --full) and writes the `h200-141gb` profile as shipped minus the keys
+that vLLM lacks (its stored flag set says which). `run` starts each layout's engines one after
+the other on a GPU (starting them together fails vLLM's memory profiling, unless the layout fixes
+the KV: `kv_gib`; `gpu2-*` layouts start one per GPU at a time; `mps` layouts under one NVIDIA MPS
+daemon; `--together` starts every named layout at once and sweeps them in turn), a real
+`ocrvl serve` in front of them, and sweeps the gateway with pages of ~1,280 image tokens and 256
+output tokens forced by ignore_eos; every engine's /metrics is sampled. Results go to
 /tmp/gpu-results/<layout>.json (the host keeps /tmp between calls while it is held). `merge`
 writes gpu-h200-<date>.{json,md,png}: the sweep table, ratios to the default layout, and per
 layout the peak, its P99, the knee and what vLLM logged about memory.
