@@ -10,3 +10,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 rm -rf /tmp/whl
 . "$(dirname "$0")/env.sh"
 python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'cudnn', torch.backends.cudnn.version(), 'nccl', torch.cuda.nccl.version())"
+# What only the GPU can tell: cuDNN 9.20 runs a conv (the vision patch embedding), FA3 is usable,
+# and the host's own packages that vLLM 0.32 wants newer than 0.23 did.
+python3 -c "
+import importlib.metadata as m, torch
+from vllm.vllm_flash_attn.flash_attn_interface import is_fa_version_supported
+x = torch.randn(1, 3, 28, 28, device='cuda', dtype=torch.bfloat16)
+torch.nn.functional.conv2d(x, torch.randn(8, 3, 14, 14, device='cuda', dtype=torch.bfloat16), stride=14)
+print('conv ok; fa3', is_fa_version_supported(3))
+print({p: m.version(p) for p in ['huggingface_hub', 'tokenizers', 'requests', 'pillow', 'aiohttp', 'filelock', 'setuptools']})
+"
