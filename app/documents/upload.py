@@ -6,6 +6,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -22,11 +23,13 @@ from app.bodies import capped
 from app.documents.errors import DocumentError
 from app.documents.fanout import PROMPTS
 from app.documents.selection import PageSelection
-from app.errors import InvalidRequest, PayloadTooLarge
+from app.errors import InvalidRequest, Overloaded, PayloadTooLarge
 
 DEFAULT_DPI = 144  # PaddleOCR's PDF reader renders at 2x 72 dpi
 DPI_RANGE = (36, 600)
 JSON_OVERHEAD = 64 * 1024  # options around the file in a JSON or multipart body
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+NO_ROOM_RETRY_AFTER = 5  # seconds: the documents before this one finish and free their files
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,8 @@ async def read_upload(request: Request, max_file_bytes: int) -> Upload:
             form = await parser.parse()
         except MultiPartException as exc:
             raise InvalidRequest(f"the multipart body cannot be read: {exc.message}") from None
+        except OSError as exc:  # Starlette spools uploads over 1 MiB to the temp folder
+            raise no_room(exc) from None
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             await form.close()
@@ -173,17 +178,36 @@ def _limited(request: Request, limit: int) -> AsyncGenerator[bytes]:
     return capped(request, limit, too_large)
 
 
+def no_room(exc: OSError) -> Exception:
+    """A full temp folder is the server's problem, for now: 503 with Retry-After, not a 500."""
+    if exc.errno not in NO_ROOM:
+        return exc
+    return Overloaded(
+        "no room left to hold the uploaded file on the server (its temp folder is full); "
+        f"retry after {NO_ROOM_RETRY_AFTER} s",
+        retry_after=NO_ROOM_RETRY_AFTER,
+    )
+
+
 def spool(upload: Upload, data: bytes | None, folder: str) -> tuple[str, bytes]:
     """Write the file where the workers can open it; (path, its first KiB). Blocking: run in
-    a thread."""
+    a thread. A multipart upload's own spooled copy is closed once copied, so a document holds
+    one copy of its file while its pages are read, not two."""
     fd, path = tempfile.mkstemp(prefix="ocr-", dir=folder)
-    with os.fdopen(fd, "wb") as out:
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if upload.upload is not None:
+                source: IO[bytes] = upload.upload.file
+                source.seek(0)
+                shutil.copyfileobj(source, out, 1024 * 1024)
+            else:
+                out.write(data or b"")
+    except OSError as exc:
+        remove(path)
+        raise no_room(exc) from None
+    finally:
         if upload.upload is not None:
-            source: IO[bytes] = upload.upload.file
-            source.seek(0)
-            shutil.copyfileobj(source, out, 1024 * 1024)
-        else:
-            out.write(data or b"")
+            upload.upload.file.close()
     with open(path, "rb") as written:
         return path, written.read(1024)
 

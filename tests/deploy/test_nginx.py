@@ -109,6 +109,10 @@ def test_rendering_keeps_nginx_variables_and_fills_the_defaults(
     assert "rate=50r/s;" in rendered
     assert "burst=20 nodelay;" in rendered
     assert "client_max_body_size 20m;" in rendered
+    ocr = rendered.split("location = /v1/ocr {")[1].split("}")[0]
+    assert "client_max_body_size 68m;" in ocr  # a whole document, not a page
+    assert "proxy_pass http://ocrvl_gateway;" in ocr
+    assert "proxy_request_buffering off;" in ocr  # spooled by the gateway, not in nginx's tmpfs
     assert "proxy_read_timeout 660s;" in rendered
     assert "proxy_buffering off;" in rendered
     assert "server_tokens off;" in rendered
@@ -338,6 +342,47 @@ def test_an_oversize_body_gets_a_413_in_json(
     else:  # the gateway's own verdict on a body it could read (here: an unknown model)
         assert answer.status in (400, 404), answer.body[:300]
         assert "error" in answer.json()
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    ("size", "said_by"), [(68 * 1024 * 1024 + 1, "nginx"), (30 * 1024 * 1024, "gateway")]
+)
+def test_a_document_may_be_larger_than_a_page_but_not_unbounded(
+    front_of: StartNginx, gateway: GatewayServer, size: int, said_by: str
+) -> None:
+    """/v1/ocr takes bodies past the 20 MiB page cap (the gateway judges a 30 MiB upload), and
+    over 68m nginx answers 413 itself, naming the document limit and the `file` field."""
+    boundary = "ocrvl-test-boundary"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="x.bin"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+    body = head + b"\0" * (size - len(head) - len(tail)) + tail
+    with front_of() as front:
+        response = httpx.post(
+            f"{front.url}/v1/ocr",
+            content=body,
+            headers={
+                **bearer(gateway.api_key),
+                "content-type": f"multipart/form-data; boundary={boundary}",
+            },
+            timeout=120,
+        )
+    answer = Answer(response.status_code, response.headers, response.content)
+    error = answer.json()["error"]
+    if said_by == "nginx":
+        assert (answer.status, answer.headers["content-type"]) == (413, "application/json")
+        assert (error["type"], error["code"], error["param"]) == (
+            "invalid_request_error", "request_too_large", "file"
+        )  # fmt: skip
+        assert "larger than 68m" in error["message"]
+        assert "OCRVL_MAX_FILE_BYTES" in error["message"]
+    else:  # the gateway read all 30 MiB and refused the content, not the size
+        assert answer.status == 400, answer.body[:300]
+        assert error["param"] == "file"
+        assert "larger than" not in error["message"]
 
 
 @pytest.mark.vllm

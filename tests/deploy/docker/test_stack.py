@@ -5,6 +5,9 @@ Tests run in file order and share one stack; the last one takes it down.
 
 from __future__ import annotations
 
+import io
+import json
+import random
 import threading
 import time
 from collections import Counter
@@ -13,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from openai import OpenAI
+from PIL import Image
 
 from tests.deploy.docker.conftest import Stack, docker
 from tests.deploy.test_hey import run_hey, status_codes
@@ -98,6 +102,28 @@ def test_hey_under_the_limit_gets_only_200s(stack: Stack, tmp_path: Path) -> Non
     """`make hey` with PaddleOCR's page through the stack: every page answered."""
     summary = run_hey(stack.url, stack.keys["ci-client"], requests=12, workers=3, tmp_path=tmp_path)
     assert status_codes(summary) == {200: 12}, summary
+
+
+def test_a_40_mb_document_goes_through_nginx_and_the_read_only_gateway(stack: Stack) -> None:
+    """A 40 MB PNG (over nginx's 20m page cap, under the document cap) is read in the hardened
+    gateway container: its /tmp tmpfs holds the upload while it is copied, and keeps nothing."""
+    noise = Image.frombytes("RGB", (3650, 3650), random.Random(7).randbytes(3650 * 3650 * 3))
+    data = io.BytesIO()
+    noise.save(data, "PNG", compress_level=1)
+    assert data.tell() > 40_000_000
+    answer = httpx.post(
+        f"{stack.url}/v1/ocr", headers=bearer(stack.keys["ci-client"]), timeout=300,
+        files={"file": ("noise.png", data.getvalue(), "image/png")}, data={"max_tokens": "8"},
+    )  # fmt: skip
+    assert answer.status_code == 200, answer.text[:500]
+    pages = answer.json()["pages"]
+    assert [page["index"] for page in pages] == [1]
+    assert pages[0]["text"]
+    listing = stack.exec(
+        "gateway", "python", "-c", "import json, os; print(json.dumps(os.listdir('/tmp')))"
+    )
+    assert listing.returncode == 0, listing.stderr
+    assert not [name for name in json.loads(listing.stdout) if name.startswith("ocr-")]
 
 
 def test_a_key_created_with_the_image_works_at_once_without_a_restart(stack: Stack) -> None:
