@@ -107,7 +107,7 @@ def test_hey_under_the_limit_gets_only_200s(stack: Stack, tmp_path: Path) -> Non
 def test_a_40_mb_document_goes_through_nginx_and_the_read_only_gateway(stack: Stack) -> None:
     """A 40 MB PNG (over nginx's 20m page cap, under the document cap) is read in the hardened
     gateway container: its /tmp tmpfs holds the upload while it is copied, and keeps nothing."""
-    noise = Image.frombytes("RGB", (3650, 3650), random.Random(7).randbytes(3650 * 3650 * 3))
+    noise = Image.frombytes("RGB", (3700, 3700), random.Random(7).randbytes(3700 * 3700 * 3))
     data = io.BytesIO()
     noise.save(data, "PNG", compress_level=1)
     assert data.tell() > 40_000_000
