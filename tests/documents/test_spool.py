@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +19,11 @@ from app.main import create_app
 from tests.conftest import CLIENT_KEY, settings_for
 from tests.support.documents import pdf
 from tests.support.fake_backend import FakeVLLM
-from tests.support.servers import ThreadedServer, lifespan_client
+from tests.support.servers import lifespan_client
 
 pytestmark = pytest.mark.anyio
 AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 DOCUMENT = {"file": ("doc.pdf", pdf(1, 200, 280), "application/pdf")}
-
-
-@pytest.fixture
-def backend() -> Iterator[FakeVLLM]:
-    """FakeVLLM on a loopback port."""
-    fake = FakeVLLM()
-    with ThreadedServer(fake) as server:
-        fake.url = server.url
-        yield fake
 
 
 @pytest.fixture
@@ -67,32 +57,32 @@ def assert_no_room(response: Any) -> None:
 
 
 async def test_no_room_to_copy_the_file_is_a_503_and_leaves_no_file(
-    backend: FakeVLLM, folder: Path, monkeypatch: pytest.MonkeyPatch
+    fake: FakeVLLM, folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The copy for the workers fails with ENOSPC: 503 + Retry-After, the half-written file is
     gone, no page reached the backend, and the next document (room again) is read."""
-    async with gateway(backend) as client:
+    async with gateway(fake) as client:
         with monkeypatch.context() as patch:
             patch.setattr(upload.shutil, "copyfileobj", full)
             refused = await client.post("/v1/ocr", files=DOCUMENT)
         assert_no_room(refused)
         assert not leftovers(folder)
-        assert backend.bodies == []
+        assert fake.bodies == []
         served = await client.post("/v1/ocr", files=DOCUMENT)
     assert served.status_code == 200, served.text
-    assert len(backend.bodies) == 1
+    assert len(fake.bodies) == 1
     assert not leftovers(folder)
 
 
 async def test_no_room_while_the_upload_is_received_is_a_503(
-    backend: FakeVLLM, folder: Path, monkeypatch: pytest.MonkeyPatch
+    fake: FakeVLLM, folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Starlette's own spool of the multipart upload fails with ENOSPC: the same 503."""
 
     class FullSpool(tempfile.SpooledTemporaryFile):  # type: ignore[type-arg]
         write = full
 
-    async with gateway(backend) as client:
+    async with gateway(fake) as client:
         with monkeypatch.context() as patch:
             patch.setattr(formparsers, "SpooledTemporaryFile", FullSpool)
             refused = await client.post("/v1/ocr", files=DOCUMENT)
