@@ -67,8 +67,9 @@ class Layout:
     max_num_seqs: int | None = None  # None: the profile's
     omp_threads: int | None = None  # OMP_NUM_THREADS of each engine; None: vLLM's own choice
     gpus: int = 1
-    kv_gib: float | None = None  # --kv-cache-memory-bytes: KV fixed, vLLM's memory check skipped
-    together: bool = False  # start a GPU's engines at once (safe only with kv_gib)
+    # --kv-cache-memory-bytes: KV fixed, vLLM's memory profiling skipped, so a GPU's engines can
+    # start at once
+    kv_gib: float | None = None
     mps: bool = False  # under NVIDIA MPS: engines share the GPU instead of taking turns
     renderer_workers: int | None = None  # --renderer-num-workers (vLLM's default: 1 thread)
 
@@ -90,17 +91,16 @@ LAYOUTS = {
     "gpu2-omp1": Layout(1, 0.95, omp_threads=1, gpus=2),
     "gpu2-two-omp1": Layout(2, 0.45, omp_threads=1, gpus=2),
     "gpu2-three-omp1": Layout(3, 0.30, omp_threads=1, gpus=2),
-    # Several engines under one MPS server (16 GiB of KV each: 870k tokens, 3x what 384 pages hold)
-    "two-mps": Layout(2, 0.45, kv_gib=16, together=True, mps=True),
-    "three-mps": Layout(3, 0.30, kv_gib=16, together=True, mps=True),
-    "four-mps": Layout(4, 0.22, kv_gib=16, together=True, mps=True),
-    "gpu2-two-mps": Layout(2, 0.45, kv_gib=16, together=True, mps=True, gpus=2),
+    # Several engines under one MPS server (16 GiB of KV each: 932,064 tokens, over 3x what 384
+    # pages in flight hold)
+    "two-mps": Layout(2, 0.45, kv_gib=16, mps=True),
+    "three-mps": Layout(3, 0.30, kv_gib=16, mps=True),
+    "four-mps": Layout(4, 0.22, kv_gib=16, mps=True),
+    "gpu2-two-mps": Layout(2, 0.45, kv_gib=16, mps=True, gpus=2),
     # vLLM's API server preprocesses images in one worker thread by default (renderer-num-
     # workers 1); side by side (`run --together`) with KV fixed so both start at once
     "default-kv16": Layout(1, 0.95, kv_gib=16),
     "renderer8-kv16": Layout(1, 0.95, kv_gib=16, renderer_workers=8),
-    "renderer8": Layout(1, 0.95, renderer_workers=8),
-    "two-renderer8-mps": Layout(2, 0.45, kv_gib=16, together=True, mps=True, renderer_workers=8),
 }
 
 
@@ -194,6 +194,8 @@ def launch(name: str, layout: Layout, vllm: list[str], indices: Iterable[int]) -
                    "--host", "127.0.0.1", "--port", str(port), "--served-model-name",
                    SERVED, "--api-server-count", str(layout.api_servers)]  # fmt: skip
         environment = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+        if layout.mps:
+            environment |= _mps_environment()
         if layout.omp_threads:
             environment["OMP_NUM_THREADS"] = str(layout.omp_threads)
         with log.open("wb") as out:
@@ -220,8 +222,8 @@ def engines(name: str, layout: Layout, vllm: list[str]) -> Iterator[list[tuple[s
     """Start the layout's engines; (URL, log) of each, stopped at the end.
 
     One engine per GPU at a time, the GPUs in parallel: engines sharing a GPU must not profile
-    its memory at the same time, unless their KV is fixed (`together`)."""
-    waves = [range(layout.engines)] if layout.together else [[i] for i in range(layout.engines)]
+    its memory at the same time, unless their KV is fixed (`kv_gib`)."""
+    waves = [range(layout.engines)] if layout.kv_gib else [[i] for i in range(layout.engines)]
     processes: list[subprocess.Popen[bytes]] = []
     started: list[tuple[str, Path]] = []
     try:
@@ -234,30 +236,27 @@ def engines(name: str, layout: Layout, vllm: list[str]) -> Iterator[list[tuple[s
         _stop(processes)
 
 
+def _mps_environment() -> dict[str, str]:
+    """Where the MPS daemon and its clients (the engines) meet."""
+    return {"CUDA_MPS_PIPE_DIRECTORY": str(WORK / "mps" / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(WORK / "mps" / "log")}  # fmt: skip
+
+
 @contextlib.contextmanager
 def mps(enabled: bool) -> Iterator[None]:
-    """An NVIDIA MPS control daemon for the block (engines inherit its pipe directory)."""
+    """An NVIDIA MPS control daemon for the block (`launch` points MPS layouts' engines at it)."""
     if not enabled:
         yield
         return
-    folder = WORK / "mps"
-    environment = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"),
-                   "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}  # fmt: skip
-    for path in environment.values():
-        Path(path).mkdir(parents=True, exist_ok=True)
-    saved = {key: os.environ.get(key) for key in environment}
-    os.environ.update(environment)
-    subprocess.run(["nvidia-cuda-mps-control", "-d"], check=True)
+    environment = {**os.environ, **_mps_environment()}
+    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        Path(environment[key]).mkdir(parents=True, exist_ok=True)
+    subprocess.run(["nvidia-cuda-mps-control", "-d"], check=True, env=environment)
     try:
         yield
     finally:
-        subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", check=False)
+        subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", check=False, env=environment)
         time.sleep(2)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @contextlib.contextmanager
@@ -370,15 +369,8 @@ def run(
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     if together:
-        waves = {name: launch(name, LAYOUTS[name], vllm, range(LAYOUTS[name].engines))
-                 for name in names}  # fmt: skip
-        try:
-            ready = {name: healthy(wave, name) for name, wave in waves.items()}
-            for name in names:
-                measure(name, LAYOUTS[name], ready[name], sweep)
-        finally:
-            _stop([process for wave in waves.values() for _, _, process in wave])
-        return 0
+        with mps(any(LAYOUTS[name].mps for name in names)):
+            return _run_together(names, vllm, sweep)
     for name in names:
         layout = LAYOUTS[name]
         try:
@@ -387,6 +379,19 @@ def run(
         except RuntimeError as exc:
             print(f"layout {name} failed: {exc}", flush=True)
             (RESULTS / f"{name}.failed.txt").write_text(str(exc))
+    return 0
+
+
+def _run_together(names: list[str], vllm: list[str], sweep: Any) -> int:
+    """Every named layout's engines up at once, then each swept while the others idle."""
+    waves = {name: launch(name, LAYOUTS[name], vllm, range(LAYOUTS[name].engines))
+             for name in names}  # fmt: skip
+    try:
+        ready = {name: healthy(wave, name) for name, wave in waves.items()}
+        for name in names:
+            measure(name, LAYOUTS[name], ready[name], sweep)
+    finally:
+        _stop([process for wave in waves.values() for _, _, process in wave])
     return 0
 
 

@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 ENV = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64"}
 ENV |= {"python_version": "3.12", "python_full_version": "3.12.3", "implementation_name": "cpython"}
 
-# The host's pip list (versions given by the brief).
+# The host's own packages, as `pip list` printed them there on 2026-12-01.
 HOST_PINS = """
 cuda-bindings==13.3.1 cuda-core==1.2.0 cuda-pathfinder==1.8.1 cuda-toolkit==13.0.2
 cupy-cuda13x==14.2.0 numba==0.68.0 numba-cuda==0.30.4 numpy==2.5.2 nvidia-cublas==13.1.0.3

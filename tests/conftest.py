@@ -25,7 +25,7 @@ from app.settings import Settings
 from tests.support.fake_backend import FakeVLLM
 from tests.support.media import ImageHost
 from tests.support.prometheus import metric
-from tests.support.servers import ThreadedServer, free_port, lifespan_client
+from tests.support.servers import free_port, lifespan_client, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -47,9 +47,7 @@ def anyio_backend() -> str:
 @pytest.fixture
 def fake() -> Iterator[FakeVLLM]:
     """A FakeVLLM on a loopback port; `fake.url` is its base URL."""
-    backend = FakeVLLM()
-    with ThreadedServer(backend) as server:
-        backend.url = server.url
+    with serving(FakeVLLM()) as backend:
         yield backend
 
 
@@ -68,9 +66,7 @@ def settings_for(*backends: str, **overrides: Any) -> Settings:
 @pytest.fixture
 def image_host() -> Iterator[ImageHost]:
     """An ImageHost (a PNG, and who asked for it) on a loopback port."""
-    host = ImageHost()
-    with ThreadedServer(host) as server:
-        host.url = server.url
+    with serving(ImageHost()) as host:
         yield host
 
 

@@ -53,6 +53,11 @@ from bench.overhead.report import (
 from tests.support.pages import document_page
 
 
+def _integers(text: str) -> list[int]:
+    """A comma-separated list of integers, as options give them."""
+    return [int(part) for part in text.split(",")]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(
@@ -61,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=200, help="requests per path (min)")
     parser.add_argument(
         "--concurrency",
-        type=lambda text: [int(c) for c in text.split(",")],
+        type=_integers,
         default=[1, 32],
         help="comma-separated concurrency levels (default 1,32)",
     )
@@ -73,7 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--chunks",
-        type=lambda text: [int(n) for n in text.split(",")],
+        type=_integers,
         default=[2, 258],
         help="sse mode: tokens (chunks) per answer, one cell each (default 2,258)",
     )

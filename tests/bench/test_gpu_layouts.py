@@ -20,7 +20,7 @@ def test_a_layout_writes_its_share_fixed_kv_and_renderer_workers(
     """The profile as prepared, plus the layout's own keys and nothing else changed."""
     monkeypatch.setattr(gpu_layouts, "WORK", tmp_path)
     (tmp_path / "profile.yaml").write_text(yaml.safe_dump({"max-num-seqs": 256, "dtype": "bf16"}))
-    layout = gpu_layouts.Layout(2, 0.45, kv_gib=16, renderer_workers=8, together=True)
+    layout = gpu_layouts.Layout(2, 0.45, kv_gib=16, renderer_workers=8)
     config = yaml.safe_load(gpu_layouts._profile("x", layout).read_text())
     assert config == {
         "max-num-seqs": 256,

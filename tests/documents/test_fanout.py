@@ -19,7 +19,7 @@ from app.main import create_app
 from tests.conftest import CLIENT_KEY, settings_for
 from tests.support.documents import pdf
 from tests.support.fake_backend import FakeVLLM, completion
-from tests.support.servers import ThreadedServer, lifespan_client
+from tests.support.servers import ThreadedServer, lifespan_client, serving
 
 pytestmark = pytest.mark.anyio
 AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
@@ -63,9 +63,7 @@ def gateway(fake: FakeVLLM, **overrides: Any) -> Any:
 @pytest.fixture
 def faults() -> Iterator[PageFaults]:
     """A PageFaults backend whose second page fails with 500."""
-    backend = PageFaults({2})
-    with ThreadedServer(backend) as server:
-        backend.url = server.url
+    with serving(PageFaults({2})) as backend:
         yield backend
 
 
@@ -108,9 +106,7 @@ async def test_a_failed_page_in_the_stream_and_in_markdown(faults: PageFaults) -
 
 async def test_when_every_page_fails_the_answer_is_that_error() -> None:
     """A one-page document whose page fails answers with the page's status and error body."""
-    backend = PageFaults({1}, status=503)
-    with ThreadedServer(backend) as server:
-        backend.url = server.url
+    with serving(PageFaults({1}, status=503)) as backend:
         async with gateway(backend) as client:
             response = await client.post("/v1/ocr", files=upload(1))
     assert response.status_code == 503
@@ -119,9 +115,7 @@ async def test_when_every_page_fails_the_answer_is_that_error() -> None:
 
 async def test_pages_in_flight_are_bounded_per_request() -> None:
     """Six pages with OCRVL_OCR_PAGE_CONCURRENCY=2: never more than two at the backend."""
-    backend = PageFaults(set(), delay=0.3)
-    with ThreadedServer(backend) as server:
-        backend.url = server.url
+    with serving(PageFaults(set(), delay=0.3)) as backend:
         async with gateway(backend, ocr_page_concurrency=2) as client:
             response = await client.post("/v1/ocr", files=upload(6))
     assert response.status_code == 200
@@ -204,9 +198,7 @@ async def test_a_table_answer_in_otsl_also_comes_back_as_html(
         return answer
 
     monkeypatch.setattr("tests.support.fake_backend.completion", table)
-    backend = FakeVLLM()
-    with ThreadedServer(backend) as server:
-        backend.url = server.url
+    with serving(FakeVLLM()) as backend:
         async with gateway(backend) as client:
             response = await client.post("/v1/ocr", files=upload(1), data={"task": "table"})
     page = response.json()["pages"][0]

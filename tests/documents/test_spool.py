@@ -11,18 +11,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from starlette import formparsers
 
 from app.documents import upload
-from app.main import create_app
-from tests.conftest import CLIENT_KEY, settings_for
 from tests.support.documents import pdf
 from tests.support.fake_backend import FakeVLLM
-from tests.support.servers import lifespan_client
 
 pytestmark = pytest.mark.anyio
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 DOCUMENT = {"file": ("doc.pdf", pdf(1, 200, 280), "application/pdf")}
 
 
@@ -43,11 +40,6 @@ def leftovers(folder: Path) -> list[Path]:
     return list(folder.glob("ocr-*"))
 
 
-def gateway(fake: FakeVLLM) -> Any:
-    settings = settings_for(fake.url, preprocess_workers=1)
-    return lifespan_client(create_app(settings), headers=AUTH, timeout=60)
-
-
 def assert_no_room(response: Any) -> None:
     assert response.status_code == 503, response.text
     assert response.headers["retry-after"] == "5"
@@ -57,37 +49,38 @@ def assert_no_room(response: Any) -> None:
 
 
 async def test_no_room_to_copy_the_file_is_a_503_and_leaves_no_file(
-    fake: FakeVLLM, folder: Path, monkeypatch: pytest.MonkeyPatch
+    fake: FakeVLLM,
+    gateway_client: httpx.AsyncClient,
+    folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The copy for the workers fails with ENOSPC: 503 + Retry-After, the half-written file is
     gone, no page reached the backend, and the next document (room again) is read."""
-    async with gateway(fake) as client:
-        with monkeypatch.context() as patch:
-            patch.setattr(upload.shutil, "copyfileobj", full)
-            refused = await client.post("/v1/ocr", files=DOCUMENT)
-        assert_no_room(refused)
-        assert not leftovers(folder)
-        assert fake.bodies == []
-        served = await client.post("/v1/ocr", files=DOCUMENT)
+    with monkeypatch.context() as patch:
+        patch.setattr(upload.shutil, "copyfileobj", full)
+        refused = await gateway_client.post("/v1/ocr", files=DOCUMENT)
+    assert_no_room(refused)
+    assert not leftovers(folder)
+    assert fake.bodies == []
+    served = await gateway_client.post("/v1/ocr", files=DOCUMENT)
     assert served.status_code == 200, served.text
     assert len(fake.bodies) == 1
     assert not leftovers(folder)
 
 
 async def test_no_room_while_the_upload_is_received_is_a_503(
-    fake: FakeVLLM, folder: Path, monkeypatch: pytest.MonkeyPatch
+    gateway_client: httpx.AsyncClient, folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Starlette's own spool of the multipart upload fails with ENOSPC: the same 503."""
 
     class FullSpool(tempfile.SpooledTemporaryFile):  # type: ignore[type-arg]
         write = full
 
-    async with gateway(fake) as client:
-        with monkeypatch.context() as patch:
-            patch.setattr(formparsers, "SpooledTemporaryFile", FullSpool)
-            refused = await client.post("/v1/ocr", files=DOCUMENT)
-        assert_no_room(refused)
-        assert (await client.post("/v1/ocr", files=DOCUMENT)).status_code == 200
+    with monkeypatch.context() as patch:
+        patch.setattr(formparsers, "SpooledTemporaryFile", FullSpool)
+        refused = await gateway_client.post("/v1/ocr", files=DOCUMENT)
+    assert_no_room(refused)
+    assert (await gateway_client.post("/v1/ocr", files=DOCUMENT)).status_code == 200
 
 
 def test_other_os_errors_stay_what_they_are() -> None:

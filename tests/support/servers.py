@@ -7,7 +7,7 @@ import contextlib
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import uvicorn
@@ -84,6 +84,18 @@ class ThreadedServer:
         self.server.should_exit = True
         self.thread.join(timeout=10)
         self.sock.close()
+
+
+Served = TypeVar("Served")
+
+
+@contextlib.contextmanager
+def serving(app: Served) -> Iterator[Served]:
+    """`app` (an ASGI app with a `url` attribute, e.g. FakeVLLM) served on a loopback port, its
+    `url` set to the server's."""
+    with ThreadedServer(app) as server:  # type: ignore[arg-type]
+        app.url = server.url  # type: ignore[attr-defined]
+        yield app
 
 
 def free_port() -> int:
