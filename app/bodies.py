@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
-from app.errors import PayloadTooLarge
+from app.errors import ClientClosed, PayloadTooLarge
 
 # What uvicorn buffers of a body before it stops reading the socket until the app takes it:
 # its own 64 KiB made a page arrive in many steps, each a pause and a resume of the socket and
@@ -26,15 +26,21 @@ def read_ahead(limit: int = READ_AHEAD) -> None:
 
 async def capped(request: Request, limit: int, too_large: PayloadTooLarge) -> AsyncGenerator[bytes]:
     """The body's chunks (none empty: a body that came whole is one chunk, joined without a
-    copy); `too_large` as soon as the declared or the read size passes `limit`."""
+    copy); `too_large` as soon as the declared or the read size passes `limit`; ClientClosed
+    (logged as 499) when the client leaves before the body is whole."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large
     size = 0
-    async for chunk in request.stream():
-        if not chunk:
-            continue
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        yield chunk
+    try:
+        async for chunk in request.stream():
+            if not chunk:
+                continue
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            yield chunk
+    except ClientDisconnect:
+        raise ClientClosed(
+            f"the client closed the connection after {size} bytes of its request body"
+        ) from None

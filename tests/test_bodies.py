@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
+import time
 
 import httpx
 import pytest
@@ -11,7 +14,10 @@ from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http import httptools_impl
 
 from app.bodies import read_ahead
+from app.main import create_app
 from app.routes.chat import read_body
+from tests.conftest import CLIENT_KEY, settings_for
+from tests.support.fake_backend import FakeVLLM
 from tests.support.servers import ThreadedServer
 
 PAGE = 700 * 1024  # a page's body, well over uvicorn's own 64 KiB and one socket read
@@ -56,3 +62,32 @@ async def test_a_body_that_came_whole_is_read_without_a_copy() -> None:
 
     scope: Scope = {"type": "http", "method": "POST", "path": "/", "headers": []}
     assert await read_body(Request(scope, receive), limit=2 * PAGE) is body
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/ocr"])
+def test_a_client_leaving_mid_body_is_a_499_not_a_crash(
+    path: str, fake: FakeVLLM, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that sends half its body and hangs up is logged as 499 (client_closed), not
+    as an exception in the ASGI app with a traceback; the gateway goes on serving."""
+    app = create_app(settings_for(fake.url))  # its loggers (ocrvl, uvicorn.error) propagate not
+    for name in ("ocrvl", "uvicorn.error"):
+        monkeypatch.setattr(logging.getLogger(name), "handlers", [caplog.handler])
+    with ThreadedServer(app, http="httptools", log_config=None) as server:
+        with socket.create_connection(("127.0.0.1", server.port)) as client:
+            client.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CLIENT_KEY}\r\n"
+                "Content-Type: application/json\r\nContent-Length: 200000\r\n\r\n".encode()
+                + b"x" * 20_000
+            )
+            time.sleep(0.3)  # the gateway has started reading the body
+        deadline = time.monotonic() + 10
+        while not [r for r in caplog.records if r.name == "ocrvl.access"]:
+            assert time.monotonic() < deadline, "the request was never logged"
+            time.sleep(0.05)
+        after = httpx.get(f"{server.url}/health", timeout=10)
+    access = [r for r in caplog.records if r.name == "ocrvl.access"]
+    assert [r.status for r in access] == [499]  # type: ignore[attr-defined]
+    crashes = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert crashes == [], [r.getMessage() for r in crashes]
+    assert after.status_code == 200
