@@ -14,7 +14,8 @@ GPU_VLLM_VERSION and bench/gpu_wheels_032.txt). `prepare` builds the full-size r
 that vLLM lacks (its stored flag set says which). `run` starts each layout's engines one after
 the other on a GPU (starting them together fails vLLM's memory profiling, unless the layout fixes
 the KV: `kv_gib`; `gpu2-*` layouts start one per GPU at a time; `mps` layouts under one NVIDIA MPS
-daemon; `--together` starts every named layout at once and sweeps them in turn), a real
+daemon; `graphs` (vLLM 0.32 only) with vision-encoder CUDA graphs through the plugin
+bench/encoder_graphs.py; `--together` starts every named layout at once and sweeps them), a real
 `ocrvl serve` in front of them, and sweeps the gateway with pages of ~1,280 image tokens and 256
 output tokens forced by ignore_eos; every engine's /metrics is sampled. Results go to
 /tmp/gpu-results/<layout>.json (the host keeps /tmp between calls while it is held). `merge`
@@ -54,6 +55,8 @@ LOGGED = {
     "kv_cache_tokens": re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens"),
     "weights_gib": re.compile(r"Model loading took ([\d.]+) GiB"),
     "cuda_graphs_gib": re.compile(r"Graph capturing finished in [\d.]+ secs?, took ([-\d.]+) GiB"),
+    # vLLM 0.32's EncoderCudaGraphManager: absent unless an encoder-graphs layout captured
+    "encoder_graphs": re.compile(r"Encoder CUDA graph capture complete\. Captured (\d+) graphs"),
 }
 
 
@@ -72,6 +75,9 @@ class Layout:
     kv_gib: float | None = None
     mps: bool = False  # under NVIDIA MPS: engines share the GPU instead of taking turns
     renderer_workers: int | None = None  # --renderer-num-workers (vLLM's default: 1 thread)
+    # vLLM 0.32's vision-encoder CUDA graphs (cudagraph_mm_encoder) with bench.encoder_graphs'
+    # PaddleOCR-VL, which implements them (a plugin in every vLLM process, OCRVL_ENCODER_GRAPHS=1)
+    encoder_graphs: bool = False
 
 
 LAYOUTS = {
@@ -101,7 +107,11 @@ LAYOUTS = {
     # workers 1); side by side (`run --together`) with KV fixed so both start at once
     "default-kv16": Layout(1, 0.95, kv_gib=16),
     "renderer8-kv16": Layout(1, 0.95, kv_gib=16, renderer_workers=8),
+    # The vision encoder replayed from CUDA graphs (vLLM 0.32 only; bench/encoder_graphs.py)
+    "graphs": Layout(1, 0.95, encoder_graphs=True),
 }
+# What an encoder-graphs layout adds to the engine config (vLLM's --config takes the JSON string)
+ENCODER_GRAPHS_CONFIG = '{"cudagraph_mm_encoder": true}'
 
 
 def profile_for(version: str) -> dict[str, Any]:
@@ -130,6 +140,21 @@ def prepare(vllm: list[str]) -> int:
     (WORK / "profile.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     print(f"profile for vLLM {VLLM_VERSION}: {config}; dropped {dropped}", flush=True)
     return 0
+
+
+def plugin_path() -> Path:
+    """A folder that, on PYTHONPATH with the checkout, makes bench.encoder_graphs an installed
+    vLLM plugin: the entry point an installed wheel would declare, which every vLLM process
+    (API server and engine core) loads."""
+    info = WORK / "plugin" / "ocrvl_encoder_graphs-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: ocrvl-encoder-graphs\nVersion: 0\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nocrvl_encoder_graphs = bench.encoder_graphs:register\n"
+    )
+    return info.parent
 
 
 def _free_port() -> int:
@@ -176,6 +201,8 @@ def _profile(name: str, layout: Layout) -> Path:
         config["kv-cache-memory-bytes"] = int(layout.kv_gib * 2**30)
     if layout.renderer_workers:
         config["renderer-num-workers"] = layout.renderer_workers
+    if layout.encoder_graphs:
+        config["compilation-config"] = ENCODER_GRAPHS_CONFIG
     profile = WORK / f"profile-{name}.yaml"
     profile.write_text(yaml.safe_dump(config, sort_keys=False))
     return profile
@@ -193,11 +220,7 @@ def launch(name: str, layout: Layout, vllm: list[str], indices: Iterable[int]) -
         command = [*vllm, "serve", str(MODEL_DIR), "--config", str(profile),
                    "--host", "127.0.0.1", "--port", str(port), "--served-model-name",
                    SERVED, "--api-server-count", str(layout.api_servers)]  # fmt: skip
-        environment = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
-        if layout.mps:
-            environment |= _mps_environment()
-        if layout.omp_threads:
-            environment["OMP_NUM_THREADS"] = str(layout.omp_threads)
+        environment = _environment(layout, gpu)
         with log.open("wb") as out:
             process = subprocess.Popen(
                 command, stdout=out, stderr=subprocess.STDOUT, env=environment,
@@ -205,6 +228,22 @@ def launch(name: str, layout: Layout, vllm: list[str], indices: Iterable[int]) -
             )  # fmt: skip
         wave.append((f"http://127.0.0.1:{port}", log, process))
     return wave
+
+
+def _environment(layout: Layout, gpu: int) -> dict[str, str]:
+    """An engine's environment: its GPU, MPS, torch threads, the encoder-graphs plugin."""
+    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+    if layout.mps:
+        environment |= _mps_environment()
+    if layout.omp_threads:
+        environment["OMP_NUM_THREADS"] = str(layout.omp_threads)
+    if layout.encoder_graphs:
+        path = [str(plugin_path()), str(ROOT), os.environ.get("PYTHONPATH", "")]
+        environment |= {
+            "OCRVL_ENCODER_GRAPHS": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, path)),
+        }
+    return environment
 
 
 def healthy(wave: Launched, label: str) -> list[tuple[str, Path]]:
@@ -415,6 +454,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         "gpus": gpus,
         "omp_threads": layout.get("omp_threads"),
         "mps": layout.get("mps", False),
+        "encoder_graphs": layout.get("encoder_graphs", False),
         "memory_share": layout["share"],
         "api_servers": layout["api_servers"],
         "peak_pages_per_s": best["pages_per_s"],
@@ -493,7 +533,7 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
 
     base = rows[0]["peak_pages_per_s"] or 1.0
     header = ["target", "GPUs", "engines", "share", "API servers", "torch threads", "MPS",
-              "peak pages/s", "x default",
+              "encoder graphs", "peak pages/s", "x default",
               "at c", "p99 at peak s", "knee c", "knee per engine", "KV tokens (each)",
               "weights GiB", "graphs GiB", "GPU util avg/max %"]  # fmt: skip
     body = []
@@ -503,7 +543,7 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
         body.append([
             r["layout"], str(r["gpus"]), str(r["engines"]), f"{r['memory_share']:.2f}",
             str(r["api_servers"]), str(r["omp_threads"] or "vLLM's"),
-            "yes" if r["mps"] else "",
+            "yes" if r["mps"] else "", "yes" if r["encoder_graphs"] else "",
             f"{r['peak_pages_per_s']:.2f}", f"{r['peak_pages_per_s'] / base:.2f}",
             str(r["peak_at"]), f"{r['p99_at_peak_s']:.2f}" if r["p99_at_peak_s"] else "",
             str(r["knee_concurrency"]),

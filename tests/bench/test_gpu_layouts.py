@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -32,6 +35,46 @@ def test_a_layout_writes_its_share_fixed_kv_and_renderer_workers(
     plain = yaml.safe_load(gpu_layouts._profile("y", gpu_layouts.LAYOUTS["default"]).read_text())
     assert "kv-cache-memory-bytes" not in plain
     assert "renderer-num-workers" not in plain
+
+
+def test_the_graphs_layout_turns_encoder_graphs_on_and_loads_the_plugin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`graphs`: vLLM's cudagraph_mm_encoder in the engine config (the JSON string --config
+    takes); OCRVL_ENCODER_GRAPHS=1 and, on PYTHONPATH before the host's, a dist-info declaring
+    bench.encoder_graphs:register a vllm.general_plugins entry point, then the checkout that
+    holds it. The default layout gets none of it."""
+    monkeypatch.setattr(gpu_layouts, "WORK", tmp_path)
+    site = str(tmp_path / "site032")  # where the GPU host's env.sh puts vLLM
+    monkeypatch.setenv("PYTHONPATH", site)
+    (tmp_path / "profile.yaml").write_text(yaml.safe_dump({"dtype": "bfloat16"}))
+    layout = gpu_layouts.LAYOUTS["graphs"]
+    config = yaml.safe_load(gpu_layouts._profile("graphs", layout).read_text())
+    assert config == {
+        "dtype": "bfloat16",
+        "gpu-memory-utilization": 0.95,
+        "compilation-config": '{"cudagraph_mm_encoder": true}',
+    }
+    assert json.loads(config["compilation-config"]) == {"cudagraph_mm_encoder": True}
+    environment = gpu_layouts._environment(layout, 0)
+    assert environment["OCRVL_ENCODER_GRAPHS"] == "1"
+    plugin, checkout, host = environment["PYTHONPATH"].split(os.pathsep)
+    assert (checkout, host) == (str(gpu_layouts.ROOT), site)
+    (info,) = importlib.metadata.distributions(path=[plugin])
+    assert [(e.group, e.name, e.value) for e in info.entry_points] == [
+        ("vllm.general_plugins", "ocrvl_encoder_graphs", "bench.encoder_graphs:register")
+    ]
+    spec = importlib.util.find_spec("bench.encoder_graphs")
+    assert spec is not None
+    assert spec.origin == str(Path(checkout) / "bench" / "encoder_graphs.py")
+
+    default = gpu_layouts.LAYOUTS["default"]
+    assert "compilation-config" not in yaml.safe_load(
+        gpu_layouts._profile("default", default).read_text()
+    )
+    plain = gpu_layouts._environment(default, 0)
+    assert "OCRVL_ENCODER_GRAPHS" not in plain
+    assert plain["PYTHONPATH"] == site
 
 
 def test_merging_layouts_that_swept_different_levels_keeps_every_level(
