@@ -11,7 +11,8 @@ for flash attention's `max_seqlen`). `PaddleOCRVLGraphs` implements the protocol
   `cu_seqlens` (padded with its last value: empty sequences, as Qwen2-VL does) and the
   projector's 2x2 merge order as a gather index, all into fixed-shape buffers;
 * inside the graph: patch embedding, the encoder layers, the post norm and the projector, with
-  shapes fixed by the budget and no host syncs (`max_seqlen` is a CPU scalar fixed at capture).
+  shapes fixed by the budget and no host syncs (`max_seqlen` is a CPU scalar fixed at capture:
+  4 x the smaller of the budget and the largest image's tokens).
 
 Padding rows belong to no sequence, so they never reach a real image's attention, and every
 other step is per row; the manager slices the real images' rows out of the output.
@@ -89,6 +90,14 @@ class PaddleOCRVLGraphs(PaddleOCRVLForConditionalGeneration, SupportsEncoderCuda
 
     supports_encoder_cudagraph: ClassVar[Literal[True]] = True
 
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        # The most tokens one image can take: it bounds the budgets and attention's max_seqlen.
+        info: Any = MULTIMODAL_REGISTRY.get_processing_info(vllm_config.model_config)
+        size = info.get_image_size_with_most_features()
+        factor = self.config.vision_config.patch_size * MERGE
+        self.largest_image_tokens = (size.height // factor) * (size.width // factor)
+
     # -- what the manager asks once ---------------------------------------------------------
 
     def get_encoder_cudagraph_config(self) -> EncoderCudaGraphConfig:
@@ -103,23 +112,14 @@ class PaddleOCRVLGraphs(PaddleOCRVLForConditionalGeneration, SupportsEncoderCuda
         return 1  # images only
 
     def get_encoder_cudagraph_budget_range(self, vllm_config: VllmConfig) -> tuple[int, int]:
-        """Budgets from an eighth of the largest image (max_pixels: 1,280 tokens for the real
-        checkpoint, so 160) up to a step's tokens, capped by the context as Qwen2-VL does; the
-        manager doubles from the first, so one, two or four full pages fill a budget exactly."""
-        model_config = vllm_config.model_config
-        info: Any = MULTIMODAL_REGISTRY.get_processing_info(model_config)
-        processor = info.get_image_processor()
-        # where vLLM's PaddleOCRVLProcessingInfo.get_image_size_with_most_features reads it
-        if model_config.trust_remote_code:
-            max_pixels = int(processor.max_pixels)
-        else:
-            max_pixels = int(processor.size.longest_edge)
-        largest = max_pixels // (self.config.vision_config.patch_size * MERGE) ** 2
+        """Budgets from an eighth of the largest image (160 tokens for the real checkpoint's
+        1,280) up to a step's tokens, capped by the context as Qwen2-VL does; the manager
+        doubles from the first, so one page, 2 and 4 pages fill a budget exactly."""
         top = min(
             vllm_config.scheduler_config.max_num_batched_tokens,
             vllm_config.model_config.max_model_len,
         )
-        return max(1, min(largest // 8, top)), top
+        return max(1, min(self.largest_image_tokens // 8, top)), top
 
     # -- per batch: the items --------------------------------------------------------------
 
@@ -218,8 +218,11 @@ class PaddleOCRVLGraphs(PaddleOCRVLForConditionalGeneration, SupportsEncoderCuda
         values |= {
             "pixel_values": pixel_values,
             # Flash attention's launch bound, read on the host at capture and baked into the
-            # graph: one image of a budget has at most 4 x budget patches.
-            "max_seqlen": torch.tensor(MERGE * MERGE * token_budget, dtype=torch.int32),
+            # graph: one image has at most 4 x its tokens in patches, and at most the budget's
+            # tokens or the largest image's (a tighter bound launches fewer empty blocks).
+            "max_seqlen": torch.tensor(
+                MERGE * MERGE * min(token_budget, self.largest_image_tokens), dtype=torch.int32
+            ),
         }
         return EncoderCudaGraphCaptureInputs(values=values)
 

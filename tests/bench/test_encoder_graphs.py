@@ -286,7 +286,9 @@ def test_varlen_backends_get_empty_padding_sequences(
         replay = model.prepare_encoder_cudagraph_replay_buffers(batch, 5, 0).values
     assert captured["cu_seqlens"].tolist() == [0, 820, 1640, 2460, 3280, 4100]
     assert captured["max_seqlen"].device.type == "cpu"
-    assert captured["max_seqlen"].item() == 4 * 1024
+    # 4 patches per token of the largest image the tiny processor makes (256), under the budget
+    assert model.largest_image_tokens == 256
+    assert captured["max_seqlen"].item() == 4 * 256
     ends = [sum(patches[: i + 1]) for i in range(3)]
     assert replay["cu_seqlens"].tolist() == [0, *ends, ends[-1], ends[-1]]
     assert replay["max_seqlen"] is None  # the captured bound stays
