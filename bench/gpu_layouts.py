@@ -109,6 +109,7 @@ LAYOUTS = {
     "renderer8-kv16": Layout(1, 0.95, kv_gib=16, renderer_workers=8),
     # The vision encoder replayed from CUDA graphs (vLLM 0.32 only; bench/encoder_graphs.py)
     "graphs": Layout(1, 0.95, encoder_graphs=True),
+    "graphs-api2": Layout(1, 0.95, api_servers=2, encoder_graphs=True),  # two renderers
     "two-graphs-mps": Layout(2, 0.45, kv_gib=16, mps=True, encoder_graphs=True),
 }
 # What an encoder-graphs layout adds to the engine config (vLLM's --config takes the JSON string)
