@@ -50,3 +50,17 @@ def test_the_command_prints_percentages_and_refuses_empty_input(
     assert "10 samples in 1 file(s)" in out
     assert " 90.0 %  run core.py:1229" in out
     assert main([str(empty)]) == 1
+
+
+def test_ticks_turn_sample_shares_into_shares_of_the_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """py-spy keeps busy samples only: 10 samples in 2 files of 10 ticks are half the time, and
+    the frame under 9 of them was on the stack 45 % of the time (90 % of the samples)."""
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text(RAW)
+    second.write_text("")
+    assert main([str(first), str(second), "--ticks", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "50.0% of 20 ticks: busy samples per tick" in out
+    assert " 90.0 %   45.0 %  run core.py:1229" in out
