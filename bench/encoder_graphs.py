@@ -19,6 +19,10 @@ other step is per row; the manager slices the real images' rows out of the outpu
 
 `register` (the `vllm.general_plugins` entry point that bench/gpu_layouts.py's `graphs` layout
 installs) swaps the class in only with OCRVL_ENCODER_GRAPHS=1 on vLLM 0.32.x.
+
+Measured on an H200 (docs/benchmarks.md, fifth pass): 7 graphs captured, 1.04x one engine's
+peak pages/s (1.20x with two API servers), 2.03 GiB of graph memory; so it stays a bench
+experiment, not part of the profiles.
 """
 
 from __future__ import annotations
@@ -112,9 +116,10 @@ class PaddleOCRVLGraphs(PaddleOCRVLForConditionalGeneration, SupportsEncoderCuda
         return 1  # images only
 
     def get_encoder_cudagraph_budget_range(self, vllm_config: VllmConfig) -> tuple[int, int]:
-        """Budgets from an eighth of the largest image (160 tokens for the real checkpoint's
-        1,280) up to a step's tokens, capped by the context as Qwen2-VL does; the manager
-        doubles from the first, so one page, 2 and 4 pages fill a budget exactly."""
+        """Budgets from an eighth of the largest image (157 tokens for the real checkpoint's
+        1,256, as the H200 engines logged) up to a step's tokens, capped by the context as
+        Qwen2-VL does; the manager doubles from the first, so one page, 2 and 4 pages fill a
+        budget exactly."""
         top = min(
             vllm_config.scheduler_config.max_num_batched_tokens,
             vllm_config.model_config.max_model_len,
