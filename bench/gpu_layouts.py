@@ -15,7 +15,8 @@ that vLLM lacks (its stored flag set says which). `run` starts each layout's eng
 the other on a GPU (starting them together fails vLLM's memory profiling, unless the layout fixes
 the KV: `kv_gib`; `gpu2-*` layouts start one per GPU at a time; `mps` layouts under one NVIDIA MPS
 daemon; `graphs` (vLLM 0.32 only) with vision-encoder CUDA graphs through the plugin
-bench/encoder_graphs.py; `--together` starts every named layout at once and sweeps them), a real
+bench/encoder_graphs.py; `resized` layouts send the pages already at the model's size;
+`--together` starts every named layout at once and sweeps them), a real
 `ocrvl serve` in front of them, and sweeps the gateway with pages of ~1,280 image tokens and 256
 output tokens forced by ignore_eos; every engine's /metrics is sampled. Results go to
 /tmp/gpu-results/<layout>.json (the host keeps /tmp between calls while it is held). `merge`
@@ -78,6 +79,9 @@ class Layout:
     # vLLM 0.32's vision-encoder CUDA graphs (cudagraph_mm_encoder) with bench.encoder_graphs'
     # PaddleOCR-VL, which implements them (a plugin in every vLLM process, OCRVL_ENCODER_GRAPHS=1)
     encoder_graphs: bool = False
+    # The load, not the engines: every page sent already at the model's size (`ocrvl bench sweep
+    # --resized`), so vLLM's API server decodes a smaller image and its resize changes nothing
+    resized: bool = False
 
 
 LAYOUTS = {
@@ -111,6 +115,11 @@ LAYOUTS = {
     "graphs": Layout(1, 0.95, encoder_graphs=True),
     "graphs-api2": Layout(1, 0.95, api_servers=2, encoder_graphs=True),  # two renderers
     "two-graphs-mps": Layout(2, 0.45, kv_gib=16, mps=True, encoder_graphs=True),
+    # The API server's side: a second API server alone (graphs-api2 gave 1.20x with graphs), and
+    # pages that arrive at the model's size (the pre-resized pages)
+    "api2": Layout(1, 0.95, api_servers=2),
+    "resized": Layout(1, 0.95, resized=True),
+    "api2-resized": Layout(1, 0.95, api_servers=2, resized=True),
 }
 # What an encoder-graphs layout adds to the engine config (vLLM's --config takes the JSON string)
 ENCODER_GRAPHS_CONFIG = '{"cudagraph_mm_encoder": true}'
@@ -402,7 +411,8 @@ def run(
         return main(
             Config(
                 urls=[gateway_url], keys=[KEY], labels=[name], levels=levels,
-                duration=duration, corpus=corpus, shape=Shape(max_tokens=256, ignore_eos=True),
+                duration=duration, corpus=corpus, resized=LAYOUTS[name].resized,
+                shape=Shape(max_tokens=256, ignore_eos=True),
                 metrics_urls=metrics, max_error_rate=0.05, out=RESULTS, name=name,
                 plot=False, command=f"python3 -m bench.gpu_layouts run {name}",
             )
@@ -457,6 +467,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         "omp_threads": layout.get("omp_threads"),
         "mps": layout.get("mps", False),
         "encoder_graphs": layout.get("encoder_graphs", False),
+        "resized": layout.get("resized", False),
         "memory_share": layout["share"],
         "api_servers": layout["api_servers"],
         "peak_pages_per_s": best["pages_per_s"],
@@ -535,7 +546,7 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
 
     base = rows[0]["peak_pages_per_s"] or 1.0
     header = ["target", "GPUs", "engines", "share", "API servers", "torch threads", "MPS",
-              "encoder graphs", "peak pages/s", "x default",
+              "encoder graphs", "pages sent", "peak pages/s", "x default",
               "at c", "p99 at peak s", "knee c", "knee per engine", "KV tokens (each)",
               "weights GiB", "graphs GiB", "GPU util avg/max %"]  # fmt: skip
     body = []
@@ -546,6 +557,7 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
             r["layout"], str(r["gpus"]), str(r["engines"]), f"{r['memory_share']:.2f}",
             str(r["api_servers"]), str(r["omp_threads"] or "vLLM's"),
             "yes" if r["mps"] else "", "yes" if r["encoder_graphs"] else "",
+            "resized" if r.get("resized") else "as drawn",
             f"{r['peak_pages_per_s']:.2f}", f"{r['peak_pages_per_s'] / base:.2f}",
             str(r["peak_at"]), f"{r['p99_at_peak_s']:.2f}" if r["p99_at_peak_s"] else "",
             str(r["knee_concurrency"]),

@@ -56,7 +56,7 @@ def _sweep(args: argparse.Namespace) -> int:
     config = Config(
         urls=urls, keys=keys, labels=labels, levels=args.concurrency, model=args.model,
         requests=args.requests, duration=args.duration, warmup=args.warmup, pages=args.pages,
-        corpus=args.corpus, shape=shape, metrics_urls=args.metrics_url,
+        corpus=args.corpus, resized=args.resized, shape=shape, metrics_urls=args.metrics_url,
         metrics_interval=args.metrics_interval, max_error_rate=args.max_error_rate, ramp=args.ramp,
         timeout=args.timeout, out=out, name=args.name, plot=not args.no_plot,
         command=shlex.join(["ocrvl", "bench", "sweep", *sys.argv[3:]])
@@ -102,6 +102,10 @@ def register(commands: Any) -> None:
     add("--corpus", type=int, default=1000,
         help="synthetic pages with --duration; a level ends early when it has sent them all "
         "(it never sends an image twice). With --requests it is sized to fit")  # fmt: skip
+    add("--resized", action="store_true",
+        help="send every page already at the model's size (PaddleOCR-VL's smart_resize within "
+        "the min/max pixels each request carries, JPEG q95), as /v1/ocr does: the engine's "
+        "own resize then changes nothing")  # fmt: skip
     add("--task", choices=TASKS, default="ocr", help="PaddleOCR-VL task prompt (default ocr)")
     add("--max-tokens", type=int, default=1024, help="max_completion_tokens (default 1024)")
     add("--ignore-eos", action="store_true",

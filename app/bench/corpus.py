@@ -3,6 +3,7 @@
 Synthetic pages are drawn with Pillow at three sizes (100, 150, 200 dpi) and three densities,
 encoded as JPEG and cached on disk, so a corpus is generated once and reused by later runs. Page
 `i` is the same image on every machine (its seed is `i`); no two pages share their pixels.
+`resized` gives any corpus at the model's own size, as /v1/ocr sends pages.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
+
+from app.documents import resize
+from app.documents.errors import DocumentError
 
 GENERATOR = "v1"  # bump when pages change: the cache folder is keyed by it
 SIZES = ((827, 1169), (1240, 1754), (1654, 2339))  # A4 at 100, 150 and 200 dpi
@@ -218,6 +222,47 @@ def synthetic(count: int, cache: Path | None = None, workers: int | None = None)
     else:
         datas = [_cached(job) for job in jobs]
     return [Page(data, "image/jpeg", f"synthetic-{s}") for s, data in enumerate(datas)]
+
+
+def _resized(args: tuple[Path | None, str, bytes, int, int]) -> bytes:
+    folder, name, data, min_pixels, max_pixels = args
+    path = folder / f"{name}.jpg" if folder else None
+    if path and path.exists():
+        return path.read_bytes()
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            encoded = resize.encode(resize.for_model(image, min_pixels, max_pixels))
+    except DocumentError as exc:
+        raise ValueError(f"page {name}: {exc.message}") from None
+    if path:
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_bytes(encoded)
+        temporary.replace(path)
+    return encoded
+
+
+def resized(
+    pages: list[Page],
+    min_pixels: int,
+    max_pixels: int,
+    cache: Path | None = None,
+    workers: int | None = None,
+) -> list[Page]:
+    """`pages` as /v1/ocr sends them: upright RGB at the size PaddleOCR-VL's processor would
+    resize them to within these bounds (app/documents/resize.py), JPEG at quality 95, so the
+    engine's own resize changes nothing. With `cache` (for pages whose names say what they
+    hold, as synthetic pages' do), each is made once and kept there."""
+    folder = None
+    if cache is not None:
+        folder = cache / f"{GENERATOR}-resized-{min_pixels}-{max_pixels}"
+        folder.mkdir(parents=True, exist_ok=True)
+    jobs = [(folder, page.name, page.data, min_pixels, max_pixels) for page in pages]
+    if len(jobs) > 8:
+        with ProcessPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
+            datas = list(pool.map(_resized, jobs, chunksize=8))
+    else:
+        datas = [_resized(job) for job in jobs]
+    return [Page(data, "image/jpeg", page.name) for page, data in zip(pages, datas, strict=True)]
 
 
 def from_folder(folder: Path) -> list[Page]:

@@ -19,8 +19,8 @@ import httpx
 
 from app import __version__
 from app.bench import engine, report
-from app.bench.corpus import Page, draws, from_folder, synthetic
-from app.bench.load import Plan, Shape, Target, auth, run_level
+from app.bench.corpus import Page, default_cache, draws, from_folder, resized, synthetic
+from app.bench.load import MM_PROCESSOR_KWARGS, Plan, Shape, Target, auth, run_level
 from app.bench.progress import Progress
 from app.bench.stats import summarize
 
@@ -39,6 +39,7 @@ class Config:
     warmup: int | None = None  # None: as many as the level's concurrency
     pages: str = "synthetic"
     corpus: int = 1000
+    resized: bool = False  # send the pages at the model's size (corpus.resized), as /v1/ocr does
     shape: Shape = field(default_factory=Shape)
     metrics_urls: list[str] = field(default_factory=list)
     metrics_interval: float = 0.5
@@ -65,9 +66,20 @@ def load_pages(config: Config) -> tuple[list[Page], str]:
     """The corpus and a description of it for the report."""
     if config.pages == "synthetic":
         pages = synthetic(config.pages_needed())
-        return pages, f"{len(pages)} synthetic A4 pages (app/bench/corpus.py, seeds 0..)"
-    pages = from_folder(Path(config.pages))
-    return pages, f"{len(pages)} images from {config.pages}"
+        described = f"{len(pages)} synthetic A4 pages (app/bench/corpus.py, seeds 0..)"
+        cache: Path | None = default_cache()
+    else:
+        pages = from_folder(Path(config.pages))
+        described = f"{len(pages)} images from {config.pages}"
+        cache = None  # a folder's files may change under the same names
+    if config.resized:
+        bounds = MM_PROCESSOR_KWARGS
+        pages = resized(pages, bounds["min_pixels"], bounds["max_pixels"], cache)
+        described += (
+            ", resized to the model's size before sending (app/documents/resize.py: "
+            "PaddleOCR-VL's smart_resize within the request's min/max pixels, JPEG q95)"
+        )
+    return pages, described
 
 
 async def _describe(
@@ -216,6 +228,7 @@ def _settings(config: Config, corpus: str) -> dict[str, Any]:
         "duration": config.duration,
         "warmup": "concurrency" if config.warmup is None else config.warmup,
         "pages": corpus,
+        "resized": config.resized,
         "task": config.shape.task,
         "max_tokens": config.shape.max_tokens,
         "ignore_eos": config.shape.ignore_eos,

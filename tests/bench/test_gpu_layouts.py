@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -103,3 +106,44 @@ def test_merging_layouts_that_swept_different_levels_keeps_every_level(
     peaks = {row["layout"]: row["peak_pages_per_s"] for row in merged["layouts"]}
     assert peaks["two-mps"] / peaks["default"] == pytest.approx(1.54, abs=0.01)
     assert all(row["mps"] for row in merged["layouts"] if row["layout"] != "default")
+
+
+def test_resized_layouts_change_the_pages_sent_not_the_engines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`resized` and `api2-resized` sweep with pages at the model's size and engines configured
+    as `default` and `api2`; every other layout sends the corpus as drawn."""
+    from app.bench import sweep as sweeping  # noqa: PLC0415
+
+    monkeypatch.setattr(gpu_layouts, "WORK", tmp_path)
+    monkeypatch.setattr(gpu_layouts, "RESULTS", tmp_path / "results")
+    (tmp_path / "profile.yaml").write_text(yaml.safe_dump({"max-num-seqs": 256}))
+    asked: dict[str, bool] = {}
+
+    @contextlib.contextmanager
+    def no_engines(name: str, layout: gpu_layouts.Layout, vllm: list[str]) -> Iterator[list[Any]]:
+        yield []
+
+    def sweep_only(name: str, layout: gpu_layouts.Layout, started: Any, sweep: Any) -> None:
+        sweep("http://127.0.0.1:9", name, [])
+
+    def config_only(config: sweeping.Config) -> dict[str, Any]:
+        asked[config.name] = config.resized
+        return {}
+
+    monkeypatch.setattr(gpu_layouts, "engines", no_engines)
+    monkeypatch.setattr(gpu_layouts, "measure", sweep_only)
+    monkeypatch.setattr(sweeping, "main", config_only)
+    names = ["default", "resized", "api2", "api2-resized", "graphs-api2"]
+    assert gpu_layouts.run(names, ["vllm"], [256], 30.0) == 0
+    assert asked == {
+        "default": False, "resized": True, "api2": False, "api2-resized": True,
+        "graphs-api2": False,
+    }  # fmt: skip
+    profile = {
+        name: yaml.safe_load(gpu_layouts._profile(name, gpu_layouts.LAYOUTS[name]).read_text())
+        for name in names
+    }
+    assert profile["resized"] == profile["default"]
+    assert profile["api2-resized"] == profile["api2"] == profile["default"]
+    assert gpu_layouts.LAYOUTS["api2-resized"].api_servers == 2

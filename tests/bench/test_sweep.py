@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import io
 import json
 import subprocess
@@ -22,6 +23,7 @@ from app.bench.load import Outcome, Plan, Shape, Target, run_level
 from app.bench.progress import Progress
 from app.bench.sweep import Config, _ramp
 from app.cli import main
+from app.documents.resize import smart_resize
 from tests.support.fake_backend import FakeVLLM
 
 
@@ -99,6 +101,25 @@ def test_bodies_carry_ignore_eos_max_tokens_and_the_task_prompt(
     assert body["max_completion_tokens"] == 64
     assert body["model"] == "m"
     assert body["messages"][0]["content"][1] == {"type": "text", "text": "Table Recognition:"}
+
+
+def test_resized_sends_every_page_at_the_models_size(fake: FakeVLLM, tmp_path: Path) -> None:
+    """--resized: the images in the bodies are the corpus's pages at smart_resize of their own
+    size (what /v1/ocr sends), and the report says so."""
+    status, report = sweep(fake, tmp_path, "--concurrency", "2", "--requests", "6", "--resized")
+    images = [
+        Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+        for url in (body["messages"][0]["content"][0]["image_url"]["url"] for body in fake.bodies)
+    ]
+    assert status == 0
+    assert len(images) >= 8
+    for image in images:
+        width, height = image.size
+        assert image.format == "JPEG"
+        assert (width % 28, height % 28) == (0, 0)
+        assert smart_resize(height, width, 112_896, 1_003_520) == (height, width)  # a no-op now
+    assert report["settings"]["resized"] is True
+    assert "resized to the model's size" in report["settings"]["pages"]
 
 
 def test_streams_measure_time_to_first_token(fake: FakeVLLM, tmp_path: Path) -> None:
