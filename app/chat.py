@@ -81,6 +81,14 @@ class ChatRequest:
         pieces.append(encoded[position:])
         return b"".join(pieces)
 
+    def inline_string(self, value: str) -> str:
+        """`value` from the payload, or the whole image it stands for when it is a placeholder."""
+        if self.blobs is None or not value.startswith(self.blobs.tag):
+            return value
+        start, end = self.blobs.spans[int(value[len(self.blobs.tag) :])]
+        text = self.raw[start:end].decode(errors="replace")
+        return text.replace("\\/", "/")  # JSON may escape "/", which base64 holds
+
     def rewritten(self) -> ChatRequest:
         """The request again, from its payload as changed in place (images inlined)."""
         return parse(self.encode(self.payload))

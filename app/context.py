@@ -37,6 +37,7 @@ class RequestContext:
     queued_seconds: float = 0.0  # waiting in the admission queue for a backend slot
     upstream_error: str | None = None
     truncated: bool = False  # the answer hit its token limit (finish_reason "length")
+    images_resized: int = 0  # chat images the gateway brought to the model's size
     # set by the per-key limits (app/quotas): the answer's x-ratelimit-* headers, and what
     # gives the request's concurrency slot back once the answer is sent or the request failed
     response_headers: Sequence[tuple[bytes, bytes]] = ()
@@ -132,5 +133,6 @@ class RequestContextMiddleware:
                 "queued_ms": round(context.queued_seconds * 1000, 3),
                 "upstream_error": context.upstream_error,
                 "truncated": context.truncated,
+                "images_resized": context.images_resized,
             },
         )

@@ -18,6 +18,7 @@ from app.context import RequestContextMiddleware
 from app.discovery import Discovery
 from app.documents.workers import Preprocessor
 from app.errors import install_handlers
+from app.images import ChatImages
 from app.media import MediaPolicy
 from app.metrics import Metrics
 from app.proxy import Relay
@@ -138,6 +139,7 @@ def create_app(settings: Settings) -> FastAPI:
                         quotas=quotas,
                         documents=documents,
                         media=media,
+                        images=ChatImages(settings, documents),
                     )
                 )
             finally:

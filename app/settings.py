@@ -165,6 +165,13 @@ class Settings(BaseSettings):
         description="With media_fetch=on, the only hosts fetched (comma-separated; *.example.com "
         "for subdomains); empty: any public host.",
     )
+    resize_images: Literal["on", "off"] = Field(
+        default="off",
+        description="on: a chat image whose request carries min/max pixels in "
+        "mm_processor_kwargs (PaddleOCR's client always sends them) is resized in the page "
+        "workers to the size vLLM's processor would pick, so vLLM's API server does half the "
+        "work per page (bench.renderer); off: images go as the client sent them.",
+    )
     media_max_bytes: int = Field(default=20 * MiB, gt=0)
     media_fetch_timeout: float = Field(default=10.0, gt=0, description="Seconds for one fetch.")
     media_allow_loopback: bool = Field(

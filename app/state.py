@@ -12,6 +12,7 @@ from app.auth import Keyring
 from app.backends import BackendPool
 from app.context import RequestContext
 from app.documents.workers import Preprocessor
+from app.images import ChatImages
 from app.media import MediaPolicy
 from app.metrics import Metrics
 from app.proxy import Relay
@@ -34,6 +35,7 @@ class Gateway:
     quotas: Quotas
     documents: Preprocessor  # the page preprocessing process pool (/v1/ocr)
     media: MediaPolicy  # remote image URLs: refused, or fetched under the SSRF rules
+    images: ChatImages  # chat images resized in the page workers (OCRVL_RESIZE_IMAGES)
 
 
 class State(TypedDict):

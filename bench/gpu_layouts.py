@@ -15,7 +15,8 @@ that vLLM lacks (its stored flag set says which). `run` starts each layout's eng
 the other on a GPU (starting them together fails vLLM's memory profiling, unless the layout fixes
 the KV: `kv_gib`; `gpu2-*` layouts start one per GPU at a time; `mps` layouts under one NVIDIA MPS
 daemon; `graphs` (vLLM 0.32 only) with vision-encoder CUDA graphs through the plugin
-bench/encoder_graphs.py; `resized` layouts send the pages already at the model's size;
+bench/encoder_graphs.py; `resized` layouts send the pages already at the model's size,
+`gateway-resized` ones have the gateway resize them (OCRVL_RESIZE_IMAGES=on);
 `--together` starts every named layout at once and sweeps them), a real
 `ocrvl serve` in front of them, and sweeps the gateway with pages of ~1,280 image tokens and 256
 output tokens forced by ignore_eos; every engine's /metrics is sampled. Results go to
@@ -82,6 +83,9 @@ class Layout:
     # The load, not the engines: every page sent already at the model's size (`ocrvl bench sweep
     # --resized`), so vLLM's API server decodes a smaller image and its resize changes nothing
     resized: bool = False
+    # The product's way to the same pages: the gateway resizes them (OCRVL_RESIZE_IMAGES=on, on
+    # its page workers), so its cost is in the measurement
+    resize_in_gateway: bool = False
 
 
 LAYOUTS = {
@@ -120,6 +124,8 @@ LAYOUTS = {
     "api2": Layout(1, 0.95, api_servers=2),
     "resized": Layout(1, 0.95, resized=True),
     "api2-resized": Layout(1, 0.95, api_servers=2, resized=True),
+    "gateway-resized": Layout(1, 0.95, resize_in_gateway=True),
+    "api2-gateway-resized": Layout(1, 0.95, api_servers=2, resize_in_gateway=True),
 }
 # What an encoder-graphs layout adds to the engine config (vLLM's --config takes the JSON string)
 ENCODER_GRAPHS_CONFIG = '{"cudagraph_mm_encoder": true}'
@@ -310,7 +316,7 @@ def mps(enabled: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def gateway(backends: list[str]) -> Iterator[str]:
+def gateway(backends: list[str], resize_images: bool = False) -> Iterator[str]:
     """A real `ocrvl serve` (one worker, production defaults) in front of `backends`."""
     port, log = _free_port(), WORK / "gateway.log"
     environment = {
@@ -318,6 +324,7 @@ def gateway(backends: list[str]) -> Iterator[str]:
         "OCRVL_BACKENDS": ",".join(backends),
         "OCRVL_API_KEYS": KEY,
         "OCRVL_LOG_LEVEL": "warning",
+        "OCRVL_RESIZE_IMAGES": "on" if resize_images else "off",
         "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])),
     }
     command = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
@@ -378,7 +385,7 @@ def logged(log: Path) -> dict[str, float]:
 def measure(name: str, layout: Layout, started: list[tuple[str, Path]], sweep: Any) -> None:
     """Sweep the gateway in front of `started`; RESULTS/<name>.json."""
     began = time.monotonic()
-    with gateway([u for u, _ in started]) as gw:
+    with gateway([u for u, _ in started], layout.resize_in_gateway) as gw:
         samples = WORK / f"gpu-{name}.csv"
         with gpu_sampler(samples):
             report = sweep(gw, name, [f"{u}/metrics" for u, _ in started])
@@ -468,6 +475,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         "mps": layout.get("mps", False),
         "encoder_graphs": layout.get("encoder_graphs", False),
         "resized": layout.get("resized", False),
+        "resize_in_gateway": layout.get("resize_in_gateway", False),
         "memory_share": layout["share"],
         "api_servers": layout["api_servers"],
         "peak_pages_per_s": best["pages_per_s"],
@@ -557,7 +565,8 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
             r["layout"], str(r["gpus"]), str(r["engines"]), f"{r['memory_share']:.2f}",
             str(r["api_servers"]), str(r["omp_threads"] or "vLLM's"),
             "yes" if r["mps"] else "", "yes" if r["encoder_graphs"] else "",
-            "resized" if r.get("resized") else "as drawn",
+            "resized" if r.get("resized") else
+            "gateway resizes" if r.get("resize_in_gateway") else "as drawn",
             f"{r['peak_pages_per_s']:.2f}", f"{r['peak_pages_per_s'] / base:.2f}",
             str(r["peak_at"]), f"{r['p99_at_peak_s']:.2f}" if r["p99_at_peak_s"] else "",
             str(r["knee_concurrency"]),

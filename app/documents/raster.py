@@ -23,7 +23,7 @@ from app.documents.errors import DocumentError
 from app.documents.selection import PageSelection, resolve
 from app.documents.sniff import FileKind
 
-IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "TIFF", "BMP")  # the only decoders Pillow may use
+IMAGE_FORMATS = resize.IMAGE_FORMATS
 POINTS_PER_INCH = 72
 
 

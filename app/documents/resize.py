@@ -20,6 +20,7 @@ from PIL import Image, ImageOps
 from app.documents.errors import DocumentError
 
 FACTOR = 28  # patch_size 14 x merge_size 2 (preprocessor_config.json)
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "TIFF", "BMP")  # the only decoders Pillow may use
 MAX_ASPECT = 200
 # JPEG at quality 95: a 1 MP text page encodes ~6x faster than PNG and its data URL is a
 # fraction of the size (bench/preprocess measures both); PaddleOCR's own client sends JPEG.
@@ -87,3 +88,29 @@ def encode(image: Image.Image, fmt: str = "JPEG") -> bytes:
 def data_url(encoded: bytes, fmt: str = "JPEG") -> str:
     """`encoded` as a base64 data: URL."""
     return f"data:image/{fmt.lower()};base64,{base64.b64encode(encoded).decode('ascii')}"
+
+
+def shrink_data_url(url: str, min_pixels: int, max_pixels: int, max_decoded: int) -> str | None:
+    """`url`, a base64 data: URL of an image, as a JPEG q95 data URL at the size the model's
+    processor would resize it to, when that is smaller; None to send it as it is.
+
+    None covers everything the engine should decide exactly as without the gateway: an image
+    already at (or under) that size, one of another encoding or format, an undecodable one, and
+    one over `max_decoded` pixels (read from the header, before any decoding).
+    """
+    head, comma, payload = url.partition(",")
+    if not comma or not head.startswith("data:image/") or not head.endswith(";base64"):
+        return None
+    try:
+        data = base64.b64decode(payload, validate=True)
+        with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as image:
+            if image.width * image.height > max_decoded:
+                return None
+            upright = upright_rgb(image)
+            height, width = smart_resize(upright.height, upright.width, min_pixels, max_pixels)
+            if width * height >= upright.width * upright.height:
+                return None  # vLLM keeps it or enlarges it: nothing to save by sending more
+            smaller = upright.resize((width, height), Image.Resampling.BICUBIC)
+    except (OSError, ValueError, DocumentError, Image.DecompressionBombError):
+        return None
+    return data_url(encode(smaller))

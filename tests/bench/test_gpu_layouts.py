@@ -111,39 +111,47 @@ def test_merging_layouts_that_swept_different_levels_keeps_every_level(
 def test_resized_layouts_change_the_pages_sent_not_the_engines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`resized` and `api2-resized` sweep with pages at the model's size and engines configured
-    as `default` and `api2`; every other layout sends the corpus as drawn."""
+    """`resized` layouts sweep with pages at the model's size, `gateway-resized` ones through
+    a gateway with OCRVL_RESIZE_IMAGES=on; their engines are configured as `default`'s and
+    `api2`'s; every other layout sends the corpus as drawn through a plain gateway."""
     from app.bench import sweep as sweeping  # noqa: PLC0415
 
     monkeypatch.setattr(gpu_layouts, "WORK", tmp_path)
     monkeypatch.setattr(gpu_layouts, "RESULTS", tmp_path / "results")
     (tmp_path / "profile.yaml").write_text(yaml.safe_dump({"max-num-seqs": 256}))
-    asked: dict[str, bool] = {}
+    asked: dict[str, tuple[bool, bool]] = {}
+    resizing: list[bool] = []
 
     @contextlib.contextmanager
     def no_engines(name: str, layout: gpu_layouts.Layout, vllm: list[str]) -> Iterator[list[Any]]:
         yield []
 
-    def sweep_only(name: str, layout: gpu_layouts.Layout, started: Any, sweep: Any) -> None:
-        sweep("http://127.0.0.1:9", name, [])
+    @contextlib.contextmanager
+    def no_gateway(backends: list[str], resize_images: bool = False) -> Iterator[str]:
+        resizing.append(resize_images)
+        yield "http://127.0.0.1:9"
 
     def config_only(config: sweeping.Config) -> dict[str, Any]:
-        asked[config.name] = config.resized
+        asked[config.name] = (config.resized, resizing[-1])
         return {}
 
     monkeypatch.setattr(gpu_layouts, "engines", no_engines)
-    monkeypatch.setattr(gpu_layouts, "measure", sweep_only)
+    monkeypatch.setattr(gpu_layouts, "gateway", no_gateway)
     monkeypatch.setattr(sweeping, "main", config_only)
-    names = ["default", "resized", "api2", "api2-resized", "graphs-api2"]
+    names = ["default", "resized", "api2", "api2-resized", "gateway-resized",
+             "api2-gateway-resized", "graphs-api2"]  # fmt: skip
     assert gpu_layouts.run(names, ["vllm"], [256], 30.0) == 0
     assert asked == {
-        "default": False, "resized": True, "api2": False, "api2-resized": True,
-        "graphs-api2": False,
+        "default": (False, False), "resized": (True, False), "api2": (False, False),
+        "api2-resized": (True, False), "gateway-resized": (False, True),
+        "api2-gateway-resized": (False, True), "graphs-api2": (False, False),
     }  # fmt: skip
     profile = {
         name: yaml.safe_load(gpu_layouts._profile(name, gpu_layouts.LAYOUTS[name]).read_text())
         for name in names
     }
-    assert profile["resized"] == profile["default"]
-    assert profile["api2-resized"] == profile["api2"] == profile["default"]
-    assert gpu_layouts.LAYOUTS["api2-resized"].api_servers == 2
+    for name in ("resized", "api2", "api2-resized", "gateway-resized", "api2-gateway-resized"):
+        assert profile[name] == profile["default"]
+    assert [gpu_layouts.LAYOUTS[n].api_servers for n in names[:6]] == [1, 1, 2, 2, 1, 2]
+    stored = json.loads((tmp_path / "results" / "gateway-resized.json").read_text())
+    assert stored["layout"]["resize_in_gateway"] is True  # what merge's table reads
