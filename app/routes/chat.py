@@ -34,10 +34,10 @@ async def chat_completions(request: Request) -> Response:
     await admit(request, await authenticate(request))
     parsed = chat.parse(await read_body(request, gateway.settings.max_body_bytes))
     parsed = await gateway.media.inline_chat(parsed)  # vLLM never fetches a URL (docs/ocr.md)
-    parsed, context.images_resized = await gateway.images.fit(parsed)  # OCRVL_RESIZE_IMAGES
     context.model, context.stream = parsed.model, parsed.stream
     served_models = gateway.pool.require_models(f"to serve {parsed.model!r}")
     context.served_model = catalog.resolve(parsed.model, served_models)
+    parsed, context.images_resized = await gateway.images.fit(parsed)  # OCRVL_RESIZE_IMAGES
     return await gateway.relay.complete(parsed, context.served_model, context, request.receive)
 
 
