@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +93,16 @@ class ChatRequest:
     def rewritten(self) -> ChatRequest:
         """The request again, from its payload as changed in place (images inlined)."""
         return parse(self.encode(self.payload))
+
+
+def content_parts(payload: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each object in a message's content list, with where it is (`messages[0].content[1]`)."""
+    messages = payload.get("messages")
+    for m, message in enumerate(messages if isinstance(messages, list) else []):
+        content = message.get("content") if isinstance(message, dict) else None
+        for p, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict):
+                yield f"messages[{m}].content[{p}]", part
 
 
 def _clamped_pixels(kwargs: object, max_pixels: int) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
-from app.chat import ChatRequest
+from app.chat import ChatRequest, content_parts
 from app.documents import resize
 from app.documents.errors import DocumentError
 from app.documents.workers import Preprocessor
@@ -71,13 +71,10 @@ def _bounds(kwargs: object, cap: int) -> tuple[int, int] | None:
 
 def _image_slots(payload: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str]]:
     """Each `image_url` object whose URL is inline, with that URL (or its placeholder)."""
-    messages = payload.get("messages")
-    for message in messages if isinstance(messages, list) else []:
-        content = message.get("content") if isinstance(message, dict) else None
-        for part in content if isinstance(content, list) else []:
-            holder = part.get("image_url") if isinstance(part, dict) else None
-            if not isinstance(holder, dict):
-                continue  # no image, or the bare-string form: sent as it is
-            url = holder.get("url")
-            if isinstance(url, str) and url.startswith("data:"):
-                yield holder, url
+    for _, part in content_parts(payload):
+        holder = part.get("image_url")
+        if not isinstance(holder, dict):
+            continue  # no image, or the bare-string form: sent as it is
+        url = holder.get("url")
+        if isinstance(url, str) and url.startswith("data:"):
+            yield holder, url

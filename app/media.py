@@ -20,7 +20,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from app.chat import ChatRequest
+from app.chat import ChatRequest, content_parts
 from app.documents.errors import DocumentError
 from app.documents.sniff import sniff
 from app.errors import InvalidRequest
@@ -107,27 +107,22 @@ class MediaPolicy:
 
     async def inline_chat(self, chat: ChatRequest) -> ChatRequest:
         """`chat` with every remote image fetched and inlined; 400 for URLs it must not send."""
-        messages = chat.payload.get("messages")
         changed = False
-        for m, message in enumerate(messages if isinstance(messages, list) else []):
-            content = message.get("content") if isinstance(message, dict) else None
-            for p, part in enumerate(content if isinstance(content, list) else []):
-                if not isinstance(part, dict):
+        for place, part in content_parts(chat.payload):
+            for kind in URL_PARTS:
+                value = part.get(kind)
+                url = value.get("url") if isinstance(value, dict) else value
+                if not isinstance(url, str) or url.startswith("data:"):
                     continue
-                for kind in URL_PARTS:
-                    value = part.get(kind)
-                    url = value.get("url") if isinstance(value, dict) else value
-                    if not isinstance(url, str) or url.startswith("data:"):
-                        continue
-                    param = f"messages[{m}].content[{p}].{kind}"
-                    if kind != "image_url":
-                        raise InvalidRequest(
-                            f"{param} must be a data: URL; this server does not fetch media",
-                            param=param,
-                        )
-                    inlined = await self.inline(url, param)
-                    part[kind] = {**value, "url": inlined} if isinstance(value, dict) else inlined
-                    changed = True
+                param = f"{place}.{kind}"
+                if kind != "image_url":
+                    raise InvalidRequest(
+                        f"{param} must be a data: URL; this server does not fetch media",
+                        param=param,
+                    )
+                inlined = await self.inline(url, param)
+                part[kind] = {**value, "url": inlined} if isinstance(value, dict) else inlined
+                changed = True
         if not changed:
             return chat
         return chat.rewritten()

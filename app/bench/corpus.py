@@ -12,16 +12,18 @@ import base64
 import io
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from PIL import Image, ImageDraw, ImageFont
 
 from app.documents import resize
 from app.documents.errors import DocumentError
 
+Job = TypeVar("Job")  # one page's arguments, picklable for the pool
 GENERATOR = "v1"  # bump when pages change: the cache folder is keyed by it
 SIZES = ((827, 1169), (1240, 1754), (1654, 2339))  # A4 at 100, 150 and 200 dpi
 DENSITIES = (0.75, 1.0, 1.4)  # more, smaller glyphs per line as density grows
@@ -198,10 +200,24 @@ def _cached(args: tuple[Path, int]) -> bytes:
     if path.exists():
         return path.read_bytes()
     data = synthetic_page(seed)
+    _keep(path, data)
+    return data
+
+
+def _keep(path: Path, data: bytes) -> None:
+    """`data` written to `path` atomically: a concurrent run never reads half a page."""
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_bytes(data)
-    temporary.replace(path)  # atomic: a concurrent run never reads half a page
-    return data
+    temporary.replace(path)
+
+
+def _made(function: Callable[[Job], bytes], jobs: list[Job], missing: int,
+          workers: int | None) -> list[bytes]:  # fmt: skip
+    """`function` over `jobs`, over every core when more than 8 pages are still to be made."""
+    if missing > 8:
+        with ProcessPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
+            return list(pool.map(function, jobs, chunksize=8))
+    return [function(job) for job in jobs]
 
 
 def default_cache() -> Path:
@@ -216,11 +232,7 @@ def synthetic(count: int, cache: Path | None = None, workers: int | None = None)
     folder.mkdir(parents=True, exist_ok=True)
     jobs = [(folder, seed) for seed in range(count)]
     missing = sum(not (folder / f"page-{s:06d}.jpg").exists() for s in range(count))
-    if missing > 8:
-        with ProcessPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
-            datas = list(pool.map(_cached, jobs, chunksize=8))
-    else:
-        datas = [_cached(job) for job in jobs]
+    datas = _made(_cached, jobs, missing, workers)
     return [Page(data, "image/jpeg", f"synthetic-{s}") for s, data in enumerate(datas)]
 
 
@@ -235,9 +247,7 @@ def _resized(args: tuple[Path | None, str, bytes, int, int]) -> bytes:
     except DocumentError as exc:
         raise ValueError(f"page {name}: {exc.message}") from None
     if path:
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_bytes(encoded)
-        temporary.replace(path)
+        _keep(path, encoded)
     return encoded
 
 
@@ -257,11 +267,8 @@ def resized(
         folder = cache / f"{GENERATOR}-resized-{min_pixels}-{max_pixels}"
         folder.mkdir(parents=True, exist_ok=True)
     jobs = [(folder, page.name, page.data, min_pixels, max_pixels) for page in pages]
-    if len(jobs) > 8:
-        with ProcessPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
-            datas = list(pool.map(_resized, jobs, chunksize=8))
-    else:
-        datas = [_resized(job) for job in jobs]
+    missing = sum(not (folder and (folder / f"{page.name}.jpg").exists()) for page in pages)
+    datas = _made(_resized, jobs, missing, workers)
     return [Page(data, "image/jpeg", page.name) for page, data in zip(pages, datas, strict=True)]
 
 

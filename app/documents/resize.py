@@ -104,13 +104,11 @@ def shrink_data_url(url: str, min_pixels: int, max_pixels: int, max_decoded: int
     try:
         data = base64.b64decode(payload, validate=True)
         with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as image:
-            if image.width * image.height > max_decoded:
-                return None
-            upright = upright_rgb(image)
-            height, width = smart_resize(upright.height, upright.width, min_pixels, max_pixels)
-            if width * height >= upright.width * upright.height:
-                return None  # vLLM keeps it or enlarges it: nothing to save by sending more
-            smaller = upright.resize((width, height), Image.Resampling.BICUBIC)
+            area = image.width * image.height  # from the header; turning upright keeps it
+            height, width = smart_resize(image.height, image.width, min_pixels, max_pixels)
+            if area > max_decoded or width * height >= area:
+                return None  # too big to decode here, or vLLM keeps or enlarges it
+            smaller = for_model(image, min_pixels, max_pixels)
     except (OSError, ValueError, DocumentError, Image.DecompressionBombError):
         return None
     return data_url(encode(smaller))

@@ -38,6 +38,7 @@ from pathlib import Path
 import orjson
 import uvloop
 
+from app.bench.commands import levels
 from bench.hey_body import build
 from bench.overhead import MODEL, REWRITTEN, ROOT
 from bench.overhead.load import measure_all, payloads
@@ -53,11 +54,6 @@ from bench.overhead.report import (
 from tests.support.pages import document_page
 
 
-def _integers(text: str) -> list[int]:
-    """A comma-separated list of integers, as options give them."""
-    return [int(part) for part in text.split(",")]
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(
@@ -66,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=200, help="requests per path (min)")
     parser.add_argument(
         "--concurrency",
-        type=_integers,
+        type=levels,
         default=[1, 32],
         help="comma-separated concurrency levels (default 1,32)",
     )
@@ -78,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--chunks",
-        type=_integers,
+        type=levels,
         default=[2, 258],
         help="sse mode: tokens (chunks) per answer, one cell each (default 2,258)",
     )
