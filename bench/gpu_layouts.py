@@ -126,6 +126,13 @@ LAYOUTS = {
     "api2-resized": Layout(1, 0.95, api_servers=2, resized=True),
     "gateway-resized": Layout(1, 0.95, resize_in_gateway=True),
     "api2-gateway-resized": Layout(1, 0.95, api_servers=2, resize_in_gateway=True),
+    # The engine's own cap: the profile's 256 sequences were all running at c=384 and 512 in
+    # every one-engine layout while KV stayed near 5 %, so the same layouts with room for 512
+    "api2-seqs512": Layout(1, 0.95, api_servers=2, max_num_seqs=512),
+    "api2-resized-seqs512": Layout(1, 0.95, api_servers=2, max_num_seqs=512, resized=True),
+    "api2-gateway-resized-seqs512": Layout(
+        1, 0.95, api_servers=2, max_num_seqs=512, resize_in_gateway=True
+    ),
 }
 # What an encoder-graphs layout adds to the engine config (vLLM's --config takes the JSON string)
 ENCODER_GRAPHS_CONFIG = '{"cudagraph_mm_encoder": true}'

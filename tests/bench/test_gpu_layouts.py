@@ -155,3 +155,10 @@ def test_resized_layouts_change_the_pages_sent_not_the_engines(
     assert [gpu_layouts.LAYOUTS[n].api_servers for n in names[:6]] == [1, 1, 2, 2, 1, 2]
     stored = json.loads((tmp_path / "results" / "gateway-resized.json").read_text())
     assert stored["layout"]["resize_in_gateway"] is True  # what merge's table reads
+    seqs512 = {
+        name: yaml.safe_load(gpu_layouts._profile(name, gpu_layouts.LAYOUTS[name]).read_text())
+        for name in ("api2-seqs512", "api2-resized-seqs512", "api2-gateway-resized-seqs512")
+    }
+    for config in seqs512.values():  # room for 512 sequences, nothing else changed
+        assert config == {**profile["default"], "max-num-seqs": 512}
+    assert profile["default"]["max-num-seqs"] == 256
