@@ -128,6 +128,7 @@ LAYOUTS = {
     "api2-gateway-resized": Layout(1, 0.95, api_servers=2, resize_in_gateway=True),
     # The engine's own cap: the profile's 256 sequences were all running at c=384 and 512 in
     # every one-engine layout while KV stayed near 5 %, so the same layouts with room for 512
+    "seqs512": Layout(1, 0.95, max_num_seqs=512),
     "api2-seqs512": Layout(1, 0.95, api_servers=2, max_num_seqs=512),
     "api2-resized-seqs512": Layout(1, 0.95, api_servers=2, max_num_seqs=512, resized=True),
     "api2-gateway-resized-seqs512": Layout(
@@ -389,10 +390,19 @@ def logged(log: Path) -> dict[str, float]:
     return found
 
 
+def backends(urls: Iterable[str], layout: Layout) -> list[str]:
+    """The gateway's OCRVL_BACKENDS entries. A layout that sets max-num-seqs says so with
+    `;capacity=N`: vLLM 0.32 does not expose max-num-seqs, so the gateway would otherwise hold
+    each engine to the 256 every profile stays within (the sixth pass's `*-seqs512` layouts
+    ran so: 256 running at most, the engine's 512 never reached)."""
+    suffix = f";capacity={layout.max_num_seqs}" if layout.max_num_seqs else ""
+    return [f"{url}{suffix}" for url in urls]
+
+
 def measure(name: str, layout: Layout, started: list[tuple[str, Path]], sweep: Any) -> None:
     """Sweep the gateway in front of `started`; RESULTS/<name>.json."""
     began = time.monotonic()
-    with gateway([u for u, _ in started], layout.resize_in_gateway) as gw:
+    with gateway(backends((u for u, _ in started), layout), layout.resize_in_gateway) as gw:
         samples = WORK / f"gpu-{name}.csv"
         with gpu_sampler(samples):
             report = sweep(gw, name, [f"{u}/metrics" for u, _ in started])

@@ -162,3 +162,43 @@ def test_resized_layouts_change_the_pages_sent_not_the_engines(
     for config in seqs512.values():  # room for 512 sequences, nothing else changed
         assert config == {**profile["default"], "max-num-seqs": 512}
     assert profile["default"]["max-num-seqs"] == 256
+
+
+def test_a_layout_with_more_sequences_tells_the_gateway_its_capacity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.32 does not expose max-num-seqs, so the gateway learns 256 for every engine; a
+    layout that raises it hands the gateway `;capacity=N` for each engine, which the gateway's
+    own settings read as that engine's capacity. Layouts that keep the profile's seqs leave it
+    learnt."""
+    from app.bench import sweep as sweeping  # noqa: PLC0415
+    from app.settings import BackendSpec  # noqa: PLC0415
+
+    monkeypatch.setattr(gpu_layouts, "WORK", tmp_path)
+    monkeypatch.setattr(gpu_layouts, "RESULTS", tmp_path / "results")
+    (tmp_path / "engine.log").write_text("")
+    urls = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    handed: dict[str, list[str]] = {}
+
+    @contextlib.contextmanager
+    def two_engines(name: str, layout: gpu_layouts.Layout, vllm: list[str]) -> Iterator[Any]:
+        yield [(url, tmp_path / "engine.log") for url in urls]
+
+    @contextlib.contextmanager
+    def no_gateway(backends: list[str], resize_images: bool = False) -> Iterator[str]:
+        handed[str(len(handed))] = backends
+        yield "http://127.0.0.1:9"
+
+    monkeypatch.setattr(gpu_layouts, "engines", two_engines)
+    monkeypatch.setattr(gpu_layouts, "gateway", no_gateway)
+    monkeypatch.setattr(sweeping, "main", lambda config: {})
+    names = ["seqs512", "api2-seqs512", "api2-gateway-resized-seqs512", "default", "api2"]
+    assert gpu_layouts.run(names, ["vllm"], [512], 30.0) == 0
+    capacities = {
+        name: [(spec.url, spec.capacity) for spec in map(BackendSpec.parse, handed[str(i)])]
+        for i, name in enumerate(names)
+    }
+    for name in names[:3]:
+        assert capacities[name] == [(url, 512) for url in urls]
+    for name in names[3:]:
+        assert capacities[name] == [(url, None) for url in urls]
