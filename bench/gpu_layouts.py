@@ -495,6 +495,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         "resize_in_gateway": layout.get("resize_in_gateway", False),
         "memory_share": layout["share"],
         "api_servers": layout["api_servers"],
+        "max_num_seqs": layout.get("max_num_seqs"),  # None: the profile's
         "peak_pages_per_s": best["pages_per_s"],
         "peak_at": best["concurrency"],
         "p99_at_peak_s": (best["latency_s"] or {}).get("p99"),
@@ -529,7 +530,10 @@ def merge(out: Path, names: list[str] | None, stem: str | None = None, note: str
             "version": VLLM_VERSION,
             "profile": f"{PROFILE.relative_to(ROOT)} minus what vLLM {VLLM_VERSION} lacks",
             "flags": profile_for(VLLM_VERSION),
-            "per_layout": "gpu-memory-utilization = share, --api-server-count = API servers",
+            "per_layout": (
+                "gpu-memory-utilization = share, --api-server-count = API servers, "
+                "--max-num-seqs = max seqs"
+            ),
             "checkpoint": "python -m tests.support.tiny_model DIR --full (random weights)",
         },
         "layouts": [summary(found[n]) for n in order],
@@ -570,7 +574,8 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
     from app.bench.report import table  # noqa: PLC0415
 
     base = rows[0]["peak_pages_per_s"] or 1.0
-    header = ["target", "GPUs", "engines", "share", "API servers", "torch threads", "MPS",
+    header = ["target", "GPUs", "engines", "share", "API servers", "max seqs", "torch threads",
+              "MPS",
               "encoder graphs", "pages sent", "peak pages/s", "x default",
               "at c", "p99 at peak s", "knee c", "knee per engine", "KV tokens (each)",
               "weights GiB", "graphs GiB", "GPU util avg/max %"]  # fmt: skip
@@ -580,7 +585,8 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
         gpu = r["gpu"] or {}
         body.append([
             r["layout"], str(r["gpus"]), str(r["engines"]), f"{r['memory_share']:.2f}",
-            str(r["api_servers"]), str(r["omp_threads"] or "vLLM's"),
+            str(r["api_servers"]), str(r.get("max_num_seqs") or "profile's"),
+            str(r["omp_threads"] or "vLLM's"),
             "yes" if r["mps"] else "", "yes" if r["encoder_graphs"] else "",
             "resized" if r.get("resized") else
             "gateway resizes" if r.get("resize_in_gateway") else "as drawn",

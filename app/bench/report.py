@@ -124,6 +124,54 @@ def ratios_table(report: dict[str, Any]) -> str:
     return table(header, rows)
 
 
+PHASE_COLUMNS = (
+    "target", "c", "client s", "gateway s", "gateway queue s", "gateway to vLLM and back s",
+    "vLLM s", "render and hand-off s", "engine queue s", "prefill s", "decode s",
+)  # fmt: skip
+PHASES_NOTE = (
+    "Where a page's time goes: mean seconds per page over the window, from the change of each "
+    "histogram's sum over its count (`ocrvl_request_duration_seconds`, "
+    "`ocrvl_queue_wait_seconds`, vLLM's `e2e_request_latency`, `request_queue_time`, "
+    "`request_prefill_time`, `request_decode_time`). vLLM's time starts when its API server "
+    "begins rendering the request (chat template, image decode, the image processor); "
+    "*render and hand-off* is that time less the engine's queue, prefill and decode; *gateway "
+    "to vLLM and back* is the gateway's time less its queue and vLLM's (both HTTP legs, the API "
+    "server's parsing before it renders, the gateway's own work). Each mean is over the "
+    "requests its histogram counted in the window, so the columns are close, not exact, parts "
+    "of one another."
+)
+
+
+def _phases_row(label: str, level: dict[str, Any]) -> list[str] | None:
+    means = (level.get("phases") or {}).get("mean_s")
+    if not means:
+        return None
+    get = means.get
+    engine = [get(k) for k in ("engine_queue", "prefill", "decode")]
+    render = None
+    if get("vllm") is not None and None not in engine:
+        render = get("vllm") - sum(v for v in engine if v is not None)
+    outside = None
+    if None not in (get("gateway"), get("vllm")):
+        outside = get("gateway") - (get("gateway_queue") or 0.0) - get("vllm")
+    return [
+        label, str(level["concurrency"]), _f((level["latency_s"] or {}).get("avg"), 3),
+        _f(get("gateway"), 3), _f(get("gateway_queue"), 3), _f(outside, 3), _f(get("vllm"), 3),
+        _f(render, 3), *(_f(v, 3) for v in engine),
+    ]  # fmt: skip
+
+
+def phases_table(report: dict[str, Any]) -> str:
+    """Per target and level, where a page's time went; empty when nothing was sampled."""
+    rows = [
+        cells
+        for entry in report["levels"]
+        for label, level in entry["targets"].items()
+        if (cells := _phases_row(label, level))
+    ]
+    return table(PHASE_COLUMNS, rows) if rows else ""
+
+
 def markdown(report: dict[str, Any]) -> str:
     """sweep.md: what ran, where, the table, the ratios and the plot."""
     settings, m = report["settings"], report["machine"]
@@ -155,6 +203,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"requests/s ({load['cpu_seconds']:.2f} CPU s for {load['requests']} requests).\n",
         results_table(report) + "\n",
     ]
+    phases = phases_table(report)
+    if phases:
+        parts += [PHASES_NOTE + "\n", phases + "\n"]
     if len(report["targets"]) > 1:
         how = "interleaved level by level" if report.get("interleaved", True) else "runs in turn"
         parts += [f"Ratios to the first target ({how}):\n", ratios_table(report) + "\n"]

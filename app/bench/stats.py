@@ -1,4 +1,5 @@
-"""A level's numbers: counts by status, throughput, latency and TTFT quantiles, engine peaks."""
+"""A level's numbers: counts by status, throughput, latency and TTFT quantiles, engine peaks
+and where a page's time went."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from app.bench.engine import Peaks
+from app.bench.engine import Peaks, phases
 from app.bench.load import LevelRun
 
 SHED = {429: "rate_limited", 503: "unavailable"}  # shedding, counted apart from failures
@@ -73,6 +74,8 @@ def summarize(run: LevelRun, concurrency: int, peaks: Peaks | None) -> dict[str,
             if peaks and peaks.samples
             else None
         ),
+        # mean seconds per page in the gateway's and vLLM's phases over the window
+        "phases": phases(peaks.timeline, run.started, run.ended) if peaks else {},
         "load_generator": {
             "cpu_seconds": run.cpu_seconds,
             # cores busy per 100 requests/s, in % of one core (budget: 10 %)

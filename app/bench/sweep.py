@@ -102,8 +102,13 @@ async def _describe(
     metrics = config.metrics_urls
     if not metrics and await engine.exposes_vllm(client, f"{url}/metrics"):
         metrics = [f"{url}/metrics"]
+    # the gateway's own /metrics (no key needed): its side of where a page's time goes
+    gateway = f"{url}/metrics" if await engine.exposes_gateway(client, f"{url}/metrics") else None
     facts = {"label": label, "url": url, "model": model, "server_version": version}
-    return Target(label, url, key, model), facts | {"metrics": ", ".join(metrics) or None}
+    return Target(label, url, key, model), facts | {
+        "metrics": ", ".join(metrics) or None,
+        "gateway_metrics": gateway,
+    }
 
 
 def _ramp(config: Config, done: list[dict[str, Any]], label: str, concurrency: int) -> float:
@@ -180,7 +185,11 @@ async def run(config: Config, pages: list[Page], corpus: str, err: TextIO) -> di
             "levels": [],
             "stopped": None,
         }
-        metrics = {t.label: f["metrics"].split(", ") if f["metrics"] else [] for t, f in described}
+        metrics = {
+            t.label: (f["metrics"].split(", ") if f["metrics"] else [])
+            + ([f["gateway_metrics"]] if f["gateway_metrics"] else [])
+            for t, f in described
+        }
         for index, concurrency in enumerate(config.levels):
             entry: dict[str, Any] = {"concurrency": concurrency, "order": [], "targets": {}}
             for turn, target in enumerate(targets if index % 2 == 0 else targets[::-1]):

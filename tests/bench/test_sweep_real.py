@@ -146,3 +146,39 @@ def test_stderr_has_one_summary_line_per_level_and_no_bar(sweep: Sweep) -> None:
     lines = sweep.stderr.splitlines()
     assert sum(" c=" in line and "pages/s" in line and " ok" in line for line in lines) == 4
     assert sum(line.startswith("c=") and "direct/gateway" in line for line in lines) == 2
+
+
+def test_where_a_pages_time_goes_nests_gateway_vllm_and_engine(sweep: Sweep) -> None:
+    """Through the gateway every level has the gateway's and vLLM's phases (its /metrics found
+    without being named); each contains the next: the client's mean latency holds the
+    gateway's, which holds vLLM's, which holds the engine's queue, prefill and decode. vLLM
+    direct has vLLM's phases only. sweep.md shows the table."""
+    tolerance = 0.02  # seconds: histograms are read up to 0.1 s off the window's edges
+    for entry in sweep.report["levels"]:
+        through = entry["targets"]["gateway"]["phases"]
+        means = through["mean_s"]
+        assert set(means) == {
+            "gateway", "gateway_queue", "vllm", "engine_queue", "prefill", "decode"
+        }  # fmt: skip
+        counted = through["requests"]
+        waited = counted.pop("gateway_queue")  # only requests that waited for a slot
+        for count in counted.values():
+            assert 1 <= count <= REQUESTS + entry["concurrency"]
+        assert 0 <= waited <= counted["gateway"]
+        assert means["gateway_queue"] >= 0
+        engine = means["engine_queue"] + means["prefill"] + means["decode"]
+        assert means["decode"] > 0
+        assert means["prefill"] > 0
+        assert engine <= means["vllm"] * 1.05 + tolerance
+        assert means["vllm"] <= means["gateway"] * 1.05 + tolerance
+        client = entry["targets"]["gateway"]["latency_s"]["avg"]
+        assert means["gateway"] <= client * 1.05 + tolerance
+        direct = entry["targets"]["direct"]["phases"]["mean_s"]
+        assert set(direct) == {"vllm", "engine_queue", "prefill", "decode"}
+    assert sweep.report["targets"][0]["gateway_metrics"].endswith("/metrics")
+    assert sweep.report["targets"][1]["gateway_metrics"] is None
+    markdown = (sweep.out / "sweep.md").read_text()
+    assert "Where a page's time goes" in markdown
+    phase_rows = [line for line in markdown.splitlines() if line.count("|") == 12]
+    assert phase_rows[0].startswith("| target | c | client s | gateway s |")
+    assert len(phase_rows) == 2 + 2 * len(LEVELS)  # header, rule, both targets at each level
