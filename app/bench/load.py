@@ -30,6 +30,7 @@ PROMPTS = {  # PaddleOCR-VL's task prompts, as PaddleOCR's pipeline client sends
     "chart": "Chart Recognition:",
 }
 HOLE = "@@page@@"
+LAG_TICK = 0.05  # seconds between looks at how late the load generator's event loop runs
 MM_PROCESSOR_KWARGS = {"min_pixels": 112896, "max_pixels": 1003520}  # PaddleOCR's own bounds
 
 
@@ -127,6 +128,9 @@ class LevelRun:
     ended: float = 0.0
     ended_by: str = ""  # requests, duration or pages
     cpu_seconds: float = 0.0  # the load generator's own CPU time during the window
+    # how late each LAG_TICK sleep woke during the window: a busy load generator delays every
+    # send and every read, and its latencies then include its own queue
+    loop_lags: list[float] = field(default_factory=list)
 
 
 async def send(client: httpx.AsyncClient, target: Target, body: bytes, stream: bool) -> Outcome:
@@ -169,6 +173,15 @@ async def _streamed(
             if '"completion_tokens"' in line:  # the usage chunk (stream_options.include_usage)
                 usage = orjson.loads(line[6:]).get("usage") or {}
                 outcome.tokens = usage.get("completion_tokens", outcome.tokens)
+
+
+async def _lateness(measuring: asyncio.Event, lags: list[float]) -> None:
+    """From the window's start until cancelled: how late each LAG_TICK sleep wakes."""
+    await measuring.wait()
+    while True:
+        before = time.perf_counter()
+        await asyncio.sleep(LAG_TICK)
+        lags.append(max(0.0, time.perf_counter() - before - LAG_TICK))
 
 
 async def run_level(
@@ -229,6 +242,7 @@ async def run_level(
     tasks = [asyncio.create_task(worker(i)) for i in range(plan.concurrency)]
     if plan.duration:
         tasks.append(asyncio.create_task(timer()))
+    tasks.append(asyncio.create_task(_lateness(measuring, run.loop_lags)))
     await stop.wait()
     for task in tasks:
         task.cancel()

@@ -200,7 +200,13 @@ def markdown(report: dict[str, Any]) -> str:
         f"- Machine: {m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB, {m['os']}, Python "
         f"{m['python']}; GPUs: {gpus}.",
         f"- Load generator: {load['cpu_percent_per_100_rps']:.1f} % of one core per 100 "
-        f"requests/s ({load['cpu_seconds']:.2f} CPU s for {load['requests']} requests).\n",
+        f"requests/s ({load['cpu_seconds']:.2f} CPU s for {load['requests']} requests)"
+        + (
+            f"; its event loop ran up to {lag * 1000:.0f} ms late (p99 of the worst level)"
+            if (lag := load.get("loop_lag_p99_max_s")) is not None
+            else ""
+        )
+        + ".\n",
         results_table(report) + "\n",
     ]
     phases = phases_table(report)

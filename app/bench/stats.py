@@ -82,5 +82,7 @@ def summarize(run: LevelRun, concurrency: int, peaks: Peaks | None) -> dict[str,
             "cpu_percent_per_100_rps": run.cpu_seconds / len(run.outcomes) * 1e4
             if run.outcomes
             else 0.0,
+            # how late its event loop ran (seconds past each 50 ms tick)
+            "loop_lag_s": spread(run.loop_lags),
         },
     }

@@ -251,14 +251,16 @@ def _settings(config: Config, corpus: str) -> dict[str, Any]:
     }
 
 
-def _load_totals(levels: list[dict[str, Any]]) -> dict[str, float]:
+def _load_totals(levels: list[dict[str, Any]]) -> dict[str, float | None]:
     runs = [level for entry in levels for level in entry["targets"].values()]
     cpu = sum(level["load_generator"]["cpu_seconds"] for level in runs)
     requests = sum(level["requests"] for level in runs)
+    lags = [lag["p99"] for level in runs if (lag := level["load_generator"].get("loop_lag_s"))]
     return {
         "cpu_seconds": cpu,
         "requests": requests,
         "cpu_percent_per_100_rps": cpu / requests * 1e4 if requests else 0.0,
+        "loop_lag_p99_max_s": max(lags, default=None),  # the worst level's p99
     }
 
 

@@ -21,6 +21,7 @@ from app.bench.commands import duration, levels
 from app.bench.corpus import Page
 from app.bench.load import Outcome, Plan, Shape, Target, run_level
 from app.bench.progress import Progress
+from app.bench.stats import summarize
 from app.bench.sweep import Config, _ramp
 from app.cli import main
 from app.documents.resize import smart_resize
@@ -209,3 +210,32 @@ def test_the_automatic_ramp_is_about_one_latency_at_the_new_level() -> None:
         _ramp(Config(urls=["u"], keys=[""], labels=["t"], levels=[8], ramp=1.5), done, "t", 16)
         == 1.5
     )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("block", "late_at_least", "late_below"), [(0.0, 0.0, 0.1), (0.2, 0.15, 1.0)]
+)
+async def test_the_load_generators_own_lateness_is_measured(
+    block: float, late_at_least: float, late_below: float
+) -> None:
+    """A load generator whose loop is busy delays its own sends and reads; the level says how
+    late its loop ran. Here each answer's handling blocks the loop for `block` seconds."""
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.1)
+        return httpx.Response(200, json={"usage": {"completion_tokens": 1}})
+
+    def busy(outcomes: list[Outcome]) -> None:
+        time.sleep(block)  # a loop busy with something else: parsing, another task's work
+
+    pages = iter([Page(bytes([i]), "image/png", str(i)) for i in range(12)])
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        run = await run_level(
+            client, Target("t", "http://t", "", "m"), shape=Shape(), pages=pages,
+            plan=Plan(concurrency=2, warmup=0, requests=8), progress=busy,
+        )  # fmt: skip
+    assert run.loop_lags
+    assert late_at_least <= max(run.loop_lags) < late_below
+    level = summarize(run, 2, None)
+    assert level["load_generator"]["loop_lag_s"]["max"] == max(run.loop_lags)
