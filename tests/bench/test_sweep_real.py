@@ -153,7 +153,7 @@ def test_where_a_pages_time_goes_nests_gateway_vllm_and_engine(sweep: Sweep) -> 
     without being named); each contains the next: the client's mean latency holds the
     gateway's, which holds vLLM's, which holds the engine's queue, prefill and decode. vLLM
     direct has vLLM's phases only. sweep.md shows the table."""
-    tolerance = 0.02  # seconds: histograms are read up to 0.1 s off the window's edges
+    tolerance = 0.005  # seconds: float sums
     for entry in sweep.report["levels"]:
         through = entry["targets"]["gateway"]["phases"]
         means = through["mean_s"]
@@ -169,10 +169,13 @@ def test_where_a_pages_time_goes_nests_gateway_vllm_and_engine(sweep: Sweep) -> 
         engine = means["engine_queue"] + means["prefill"] + means["decode"]
         assert means["decode"] > 0
         assert means["prefill"] > 0
-        assert engine <= means["vllm"] * 1.05 + tolerance
-        assert means["vllm"] <= means["gateway"] * 1.05 + tolerance
+        # one process, one update per finished request: the same requests, nested exactly
+        assert engine <= means["vllm"] + tolerance
+        # across processes the window's edge requests may differ (a few of 4-6), so only
+        # loosely: each layer is most of the one around it on loopback, and not more than it
         client = entry["targets"]["gateway"]["latency_s"]["avg"]
-        assert means["gateway"] <= client * 1.05 + tolerance
+        assert 0.5 * means["gateway"] <= means["vllm"] <= 1.25 * means["gateway"]
+        assert 0.5 * client <= means["gateway"] <= 1.25 * client
         direct = entry["targets"]["direct"]["phases"]["mean_s"]
         assert set(direct) == {"vllm", "engine_queue", "prefill", "decode"}
     assert sweep.report["targets"][0]["gateway_metrics"].endswith("/metrics")
