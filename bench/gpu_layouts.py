@@ -45,6 +45,8 @@ from typing import Any
 import httpx
 import yaml
 
+from bench import hey_load
+
 ROOT = Path(__file__).resolve().parents[1]
 WORK = Path(os.environ.get("GPU_BENCH_DIR", "/tmp/gpu-bench"))  # noqa: S108 (kept between calls)
 RESULTS = Path(os.environ.get("GPU_RESULTS_DIR", "/tmp/gpu-results"))  # noqa: S108
@@ -53,6 +55,11 @@ PROFILE = ROOT / "vllm_configs" / "h200-141gb.yaml"
 VLLM_VERSION = os.environ.get("GPU_VLLM_VERSION", "0.23.0")  # the host's (stored flag sets)
 SERVED = "PaddleOCR-VL-1.5-0.9B"
 KEY = "sk-gpu-bench"
+# hey's binary: each layout is then also loaded by hey (bench/hey_load.py) at HEY_C pages in
+# flight for HEY_S seconds after its sweep, the load generator's own limit ruled in or out
+HEY = os.environ.get("OCRVL_BENCH_HEY")
+HEY_C = int(os.environ.get("OCRVL_BENCH_HEY_C", "512"))
+HEY_S = float(os.environ.get("OCRVL_BENCH_HEY_S", "60"))
 LOGGED = {
     "kv_cache_tokens": re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens"),
     "weights_gib": re.compile(r"Model loading took ([\d.]+) GiB"),
@@ -399,6 +406,17 @@ def backends(urls: Iterable[str], layout: Layout) -> list[str]:
     return [f"{url}{suffix}" for url in urls]
 
 
+def _hey_body() -> Path:
+    """The sweep's body (256 tokens, ignore_eos) around the corpus's first page, for hey."""
+    from app.bench.corpus import synthetic  # noqa: PLC0415
+    from app.bench.load import Shape  # noqa: PLC0415
+
+    body = WORK / "hey-body.json"
+    if not body.exists():
+        body.write_bytes(Shape(max_tokens=256, ignore_eos=True).body(synthetic(1)[0], SERVED))
+    return body
+
+
 def measure(name: str, layout: Layout, started: list[tuple[str, Path]], sweep: Any) -> None:
     """Sweep the gateway in front of `started`; RESULTS/<name>.json."""
     began = time.monotonic()
@@ -406,6 +424,11 @@ def measure(name: str, layout: Layout, started: list[tuple[str, Path]], sweep: A
         samples = WORK / f"gpu-{name}.csv"
         with gpu_sampler(samples):
             report = sweep(gw, name, [f"{u}/metrics" for u, _ in started])
+        if HEY:
+            report["hey"] = hey_load.run(
+                HEY, gw, KEY, _hey_body(), concurrency=HEY_C, duration=HEY_S
+            )
+            print(f"{name} hey c={HEY_C}: {report['hey']['pages_per_s']:.2f} pages/s", flush=True)
     report["layout"] = asdict(layout) | {
         "name": name,
         "engines_logged": [logged(log) for _, log in started],
@@ -503,6 +526,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         "knee_per_engine": knee / engines if knee else None,
         "engines_logged": layout["engines_logged"],
         "gpu": layout["gpu"],
+        "hey": report.get("hey"),  # the same gateway loaded by hey, when the run asked for it
     }
 
 
@@ -578,7 +602,7 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
               "MPS",
               "encoder graphs", "pages sent", "peak pages/s", "x default",
               "at c", "p99 at peak s", "knee c", "knee per engine", "KV tokens (each)",
-              "weights GiB", "graphs GiB", "GPU util avg/max %"]  # fmt: skip
+              "weights GiB", "graphs GiB", "GPU util avg/max %", "hey pages/s at c"]  # fmt: skip
     body = []
     for r in rows:
         logged_ = r["engines_logged"][0] if r["engines_logged"] else {}
@@ -597,6 +621,7 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
             f"{logged_.get('kv_cache_tokens', 0):,.0f}", str(logged_.get("weights_gib", "")),
             str(logged_.get("cuda_graphs_gib", "")),
             f"{gpu.get('utilization_avg_pct', 0):.0f}/{gpu.get('utilization_max_pct', 0):.0f}",
+            f"{hey['pages_per_s']:.2f} at {hey['concurrency']}" if (hey := r.get("hey")) else "",
         ])  # fmt: skip
     return "Layouts (peak over the levels; knee: lowest level within 10 % of the peak):\n\n" + (
         table(header, body)

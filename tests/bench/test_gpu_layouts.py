@@ -202,3 +202,48 @@ def test_a_layout_with_more_sequences_tells_the_gateway_its_capacity(
         assert capacities[name] == [(url, 512) for url in urls]
     for name in names[3:]:
         assert capacities[name] == [(url, None) for url in urls]
+
+
+def test_with_hey_each_layout_is_also_loaded_by_hey_with_the_sweeps_body(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OCRVL_BENCH_HEY set: after its sweep, each layout's gateway gets hey at HEY_C for HEY_S
+    seconds, with the sweep's body (256 tokens, ignore_eos, the served name) around a corpus
+    page, and the layout's JSON keeps hey's summary. Unset: hey never runs."""
+    from app.bench import sweep as sweeping  # noqa: PLC0415
+
+    monkeypatch.setattr(gpu_layouts, "WORK", tmp_path)
+    monkeypatch.setattr(gpu_layouts, "RESULTS", tmp_path / "results")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "engine.log").write_text("")
+    asked: list[tuple[Any, ...]] = []
+
+    @contextlib.contextmanager
+    def one_engine(name: str, layout: gpu_layouts.Layout, vllm: list[str]) -> Iterator[Any]:
+        yield [("http://127.0.0.1:8001", tmp_path / "engine.log")]
+
+    @contextlib.contextmanager
+    def at_gateway(backends: list[str], resize_images: bool = False) -> Iterator[str]:
+        yield "http://127.0.0.1:9"
+
+    def hey_run(binary: str, url: str, key: str, body: Path, **load: float) -> dict[str, Any]:
+        asked.append((binary, url, key, json.loads(body.read_bytes()), load))
+        return {"pages_per_s": 1.5, "concurrency": load["concurrency"]}
+
+    monkeypatch.setattr(gpu_layouts, "engines", one_engine)
+    monkeypatch.setattr(gpu_layouts, "gateway", at_gateway)
+    monkeypatch.setattr(sweeping, "main", lambda config: {})
+    monkeypatch.setattr(gpu_layouts.hey_load, "run", hey_run)
+    assert gpu_layouts.run(["default"], ["vllm"], [512], 30.0) == 0
+    assert asked == []
+    monkeypatch.setattr(gpu_layouts, "HEY", "/usr/bin/hey")
+    assert gpu_layouts.run(["default", "seqs512"], ["vllm"], [512], 30.0) == 0
+    assert [a[:3] for a in asked] == [("/usr/bin/hey", "http://127.0.0.1:9", gpu_layouts.KEY)] * 2
+    body, load = asked[0][3], asked[0][4]
+    assert load == {"concurrency": gpu_layouts.HEY_C, "duration": gpu_layouts.HEY_S}
+    assert (body["model"], body["max_completion_tokens"], body["ignore_eos"]) == (
+        gpu_layouts.SERVED, 256, True
+    )  # fmt: skip
+    assert body["messages"][0]["content"][0]["image_url"]["url"].startswith("data:image/")
+    stored = json.loads((tmp_path / "results" / "seqs512.json").read_text())
+    assert stored["hey"] == {"pages_per_s": 1.5, "concurrency": gpu_layouts.HEY_C}
