@@ -133,8 +133,9 @@ LAYOUTS = {
     "api2-resized": Layout(1, 0.95, api_servers=2, resized=True),
     "gateway-resized": Layout(1, 0.95, resize_in_gateway=True),
     "api2-gateway-resized": Layout(1, 0.95, api_servers=2, resize_in_gateway=True),
-    # The engine's own cap: the profile's 256 sequences were all running at c=384 and 512 in
-    # every one-engine layout while KV stayed near 5 %, so the same layouts with room for 512
+    # The engine's own cap: 256 pages were running at c=384 and 512 in every one-engine layout
+    # while KV stayed near 5 %, so the same layouts with room for 512 (the gateway is told, see
+    # `backends`: it held the sixth pass's seqs512 run to 256)
     "seqs512": Layout(1, 0.95, max_num_seqs=512),
     "api2-seqs512": Layout(1, 0.95, api_servers=2, max_num_seqs=512),
     "api2-resized-seqs512": Layout(1, 0.95, api_servers=2, max_num_seqs=512, resized=True),
@@ -412,8 +413,7 @@ def _hey_body() -> Path:
     from app.bench.load import Shape  # noqa: PLC0415
 
     body = WORK / "hey-body.json"
-    if not body.exists():
-        body.write_bytes(Shape(max_tokens=256, ignore_eos=True).body(synthetic(1)[0], SERVED))
+    body.write_bytes(Shape(max_tokens=256, ignore_eos=True).body(synthetic(1)[0], SERVED))
     return body
 
 
@@ -599,8 +599,7 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
 
     base = rows[0]["peak_pages_per_s"] or 1.0
     header = ["target", "GPUs", "engines", "share", "API servers", "max seqs", "torch threads",
-              "MPS",
-              "encoder graphs", "pages sent", "peak pages/s", "x default",
+              "MPS", "encoder graphs", "pages sent", "peak pages/s", "x default",
               "at c", "p99 at peak s", "knee c", "knee per engine", "KV tokens (each)",
               "weights GiB", "graphs GiB", "GPU util avg/max %", "hey pages/s at c"]  # fmt: skip
     body = []

@@ -38,6 +38,9 @@ PHASES = {
     "prefill": "vllm:request_prefill_time_seconds",
     "decode": "vllm:request_decode_time_seconds",
 }
+# The gateway times the queue wait only of requests that waited for a slot: per page, their
+# wait is spread over every request the gateway answered (0 when none waited)
+PER_PAGE_OF = {"gateway_queue": "gateway"}
 Totals = dict[str, tuple[float, float]]  # phase: (sum of seconds, count)
 
 
@@ -83,73 +86,62 @@ def totals(text: str) -> Totals:
 
 def phases(timeline: list[tuple[float, Totals]], start: float, end: float) -> dict[str, Any]:
     """Mean seconds per request in each phase between the last samples at or before `start`
-    and `end` (the first sample stands in for a start before it), with the requests counted;
-    empty when fewer than two samples bracket the window."""
+    and `end` (the first sample stands in for a start before it), with the requests each
+    histogram counted; empty when fewer than two samples bracket the window."""
     before = [entry for entry in timeline if entry[0] <= start] or timeline[:1]
     until = [entry for entry in timeline if entry[0] <= end]
     if not before or not until or until[-1][0] <= before[-1][0]:
         return {}
     (t0, first), (t1, last) = before[-1], until[-1]
+
+    def change(phase: str) -> tuple[float, float]:
+        total, count = last.get(phase, (0.0, 0.0))
+        was_total, was_count = first.get(phase, (0.0, 0.0))
+        return total - was_total, count - was_count
+
     means, counts = {}, {}
-    for phase, (total, count) in last.items():
-        done = count - first.get(phase, (0.0, 0.0))[1]
-        if done > 0:
-            means[phase] = (total - first.get(phase, (0.0, 0.0))[0]) / done
-            counts[phase] = int(done)
-    if counts.get("gateway"):
-        # the gateway times only the requests that waited for a slot: per page, the wait is
-        # theirs spread over every request it answered (0 when none waited)
-        waited = last.get("gateway_queue", (0.0, 0.0))[0] - first.get("gateway_queue", (0, 0))[0]
-        means["gateway_queue"] = waited / counts["gateway"]
-        counts["gateway_queue"] = counts.get("gateway_queue", 0)  # how many waited
+    for phase in last:
+        total, done = change(phase)
+        per = change(PER_PAGE_OF.get(phase, phase))[1]
+        if per > 0:
+            means[phase], counts[phase] = total / per, int(done)
     if not means:
         return {}
     return {"mean_s": means, "requests": counts, "from_s": t0 - start, "to_s": t1 - end}
 
 
-async def exposes_gateway(client: httpx.AsyncClient, url: str) -> bool:
-    """Whether `url` answers with the gateway's metrics (its request-duration histogram)."""
+async def metrics_of(client: httpx.AsyncClient, url: str) -> str | None:
+    """Whose metrics `url` answers with: "vllm" (vLLM's load gauges), "gateway" (its
+    request-duration histogram, whose TYPE line is there before the first chat request has been
+    timed) or None."""
     try:
         response = await client.get(url)
     except httpx.HTTPError:
-        return False
-    # its TYPE line is there before the first chat request has been timed
-    return response.status_code == 200 and f"# TYPE {PHASES['gateway']} " in response.text
-
-
-async def exposes_vllm(client: httpx.AsyncClient, url: str) -> bool:
-    """Whether `url` answers with vLLM's metrics (vLLM itself does; the gateway does not)."""
-    try:
-        response = await client.get(url)
-    except httpx.HTTPError:
-        return False
-    return response.status_code == 200 and parse(response.text) is not None
+        return None
+    if response.status_code != 200:
+        return None
+    if parse(response.text) is not None:
+        return "vllm"
+    return "gateway" if f"# TYPE {PHASES['gateway']} " in response.text else None
 
 
 async def sample(client: httpx.AsyncClient, urls: list[str], interval: float, peaks: Peaks) -> None:
-    """Poll `urls` every `interval` seconds into `peaks` until cancelled."""
+    """Poll `urls` every `interval` seconds into `peaks` until cancelled. The texts are read
+    as one: parse and totals already sum (KV: take the fullest) over label sets, so over
+    engines too."""
     while True:
         replies = await asyncio.gather(*(client.get(u) for u in urls), return_exceptions=True)
-        values = [
-            parse(reply.text)
-            for reply in replies
-            if isinstance(reply, httpx.Response) and reply.status_code == 200
-        ]
-        seen = [v for v in values if v is not None]
-        answered = [r for r in replies if isinstance(r, httpx.Response) and r.status_code == 200]
-        if len(answered) == len(urls):  # a sum over some of the URLs would jump
-            merged: Totals = {}
-            for reply in answered:
-                for phase, (total, count) in totals(reply.text).items():
-                    before = merged.get(phase, (0.0, 0.0))
-                    merged[phase] = (before[0] + total, before[1] + count)
-            if merged:
-                peaks.timeline.append((time.perf_counter(), merged))
-        if seen:
+        texts = [r.text for r in replies if isinstance(r, httpx.Response) and r.status_code == 200]
+        joined = "\n".join(texts)
+        # histogram totals only when every URL answered: a sum over some of them would jump
+        if len(texts) == len(urls) and (merged := totals(joined)):
+            peaks.timeline.append((time.perf_counter(), merged))
+        seen = parse(joined)
+        if seen is not None:
             peaks.samples += 1
-            peaks.running = max(peaks.running, sum(v[0] for v in seen))
-            peaks.waiting = max(peaks.waiting, sum(v[1] for v in seen))
-            peaks.kv_usage = max(peaks.kv_usage, *(v[2] for v in seen))
+            peaks.running = max(peaks.running, seen[0])
+            peaks.waiting = max(peaks.waiting, seen[1])
+            peaks.kv_usage = max(peaks.kv_usage, seen[2])
         await asyncio.sleep(interval)
 
 

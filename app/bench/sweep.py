@@ -99,11 +99,11 @@ async def _describe(
             version = reply.json().get("version")
     except (httpx.HTTPError, ValueError):
         pass
-    metrics = config.metrics_urls
-    if not metrics and await engine.exposes_vllm(client, f"{url}/metrics"):
-        metrics = [f"{url}/metrics"]
-    # the gateway's own /metrics (no key needed): its side of where a page's time goes
-    gateway = f"{url}/metrics" if await engine.exposes_gateway(client, f"{url}/metrics") else None
+    # vLLM's /metrics when the target is vLLM; the gateway's own (no key needed) when it is the
+    # gateway, for its side of where a page's time goes
+    own = await engine.metrics_of(client, f"{url}/metrics")
+    metrics = config.metrics_urls or ([f"{url}/metrics"] if own == "vllm" else [])
+    gateway = f"{url}/metrics" if own == "gateway" else None
     facts = {"label": label, "url": url, "model": model, "server_version": version}
     return Target(label, url, key, model), facts | {
         "metrics": ", ".join(metrics) or None,
