@@ -16,7 +16,7 @@ reqs=$(sed -e 's/#.*//' -e 's/[[:space:]]//g' "$list" | grep -v '^$')
 todo=$(mktemp)
 for req in $reqs; do
   name=$(echo "${req%%==*}" | tr 'A-Z.-' 'a-z__'); ver=${req#*==}
-  hit=$(find "$cache" -maxdepth 1 -iname "${name}-${ver}-*.whl" 2>/dev/null | head -1)
+  hit=$(find "$cache" -maxdepth 1 -iname "${name}-${ver}-*.whl" 2>/dev/null | head -1 || true)
   if [ -n "$hit" ]; then cp "$hit" "$dest/.whl/"; else echo "$req" >> "$todo"; fi
 done
 echo "$(ls "$dest/.whl" | wc -l) wheels from $cache, $(wc -l < "$todo") to download"

@@ -17,12 +17,18 @@ the KV: `kv_gib`; `gpu2-*` layouts start one per GPU at a time; `mps` layouts un
 daemon; `graphs` (vLLM 0.32 only) with vision-encoder CUDA graphs through the plugin
 bench/encoder_graphs.py; `resized` layouts send the pages already at the model's size,
 `gateway-resized` ones have the gateway resize them (OCRVL_RESIZE_IMAGES=on);
-`--together` starts every named layout at once and sweeps them), a real
+`--together` starts every named layout at once, after checking they fit (`together_problems`),
+sweeps them in turn and, with hey, loads them by hey in the reverse order), a real
 `ocrvl serve` in front of them, and sweeps the gateway with pages of ~1,280 image tokens and 256
 output tokens forced by ignore_eos; every engine's /metrics is sampled. Results go to
 /tmp/gpu-results/<layout>.json (the host keeps /tmp between calls while it is held). `merge`
 writes gpu-h200-<date>.{json,md,png}: the sweep table, ratios to the default layout, and per
 layout the peak, its P99, the knee and what vLLM logged about memory.
+
+With OCRVL_BENCH_HEY=PATH each layout is also loaded by hey (bench/hey_load.py) at
+OCRVL_BENCH_HEY_C pages in flight for OCRVL_BENCH_HEY_S seconds through a fresh gateway, and
+the layouts named in OCRVL_BENCH_HEY_DIRECT straight at their one engine too: a load generator
+that uses every core, beside the sweep's one Python process.
 """
 
 from __future__ import annotations
@@ -60,6 +66,9 @@ KEY = "sk-gpu-bench"
 HEY = os.environ.get("OCRVL_BENCH_HEY")
 HEY_C = int(os.environ.get("OCRVL_BENCH_HEY_C", "512"))
 HEY_S = float(os.environ.get("OCRVL_BENCH_HEY_S", "60"))
+# Layouts (comma-separated) whose one engine hey also loads directly, without the gateway, at
+# the same concurrency: the gateway's own limit ruled in or out beside the load generator's
+HEY_DIRECT = set(filter(None, os.environ.get("OCRVL_BENCH_HEY_DIRECT", "").split(",")))
 LOGGED = {
     "kv_cache_tokens": re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens"),
     "weights_gib": re.compile(r"Model loading took ([\d.]+) GiB"),
@@ -80,7 +89,9 @@ class Layout:
     omp_threads: int | None = None  # OMP_NUM_THREADS of each engine; None: vLLM's own choice
     gpus: int = 1
     # --kv-cache-memory-bytes: KV fixed, vLLM's memory profiling skipped, so a GPU's engines can
-    # start at once
+    # start at once. The share then only sets vLLM's start-up check (free memory >= share x
+    # total): at most 0.3 for layouts started together (four 16 GiB engines take ~80 GiB; a
+    # 0.95 one-mps beside three-mps failed that check in the seventh pass)
     kv_gib: float | None = None
     mps: bool = False  # under NVIDIA MPS: engines share the GPU instead of taking turns
     renderer_workers: int | None = None  # --renderer-num-workers (vLLM's default: 1 thread)
@@ -114,14 +125,19 @@ LAYOUTS = {
     "gpu2-three-omp1": Layout(3, 0.30, omp_threads=1, gpus=2),
     # Several engines under one MPS server (16 GiB of KV each: 932,064 tokens, over 3x what 384
     # pages in flight hold)
+    "one-mps": Layout(1, 0.3, kv_gib=16, mps=True),  # the others' baseline under the same daemon
     "two-mps": Layout(2, 0.45, kv_gib=16, mps=True),
     "three-mps": Layout(3, 0.30, kv_gib=16, mps=True),
     "four-mps": Layout(4, 0.22, kv_gib=16, mps=True),
     "gpu2-two-mps": Layout(2, 0.45, kv_gib=16, mps=True, gpus=2),
     # vLLM's API server preprocesses images in one worker thread by default (renderer-num-
     # workers 1); side by side (`run --together`) with KV fixed so both start at once
-    "default-kv16": Layout(1, 0.95, kv_gib=16),
-    "renderer8-kv16": Layout(1, 0.95, kv_gib=16, renderer_workers=8),
+    "default-kv16": Layout(1, 0.3, kv_gib=16),
+    "renderer8-kv16": Layout(1, 0.3, kv_gib=16, renderer_workers=8),
+    # API servers side by side with the default (`run --together`): PaddleOCR's genai_server
+    # starts vLLM with 4 unless its config says otherwise
+    "api2-kv16": Layout(1, 0.3, kv_gib=16, api_servers=2),
+    "api4-kv16": Layout(1, 0.3, kv_gib=16, api_servers=4),
     # The vision encoder replayed from CUDA graphs (vLLM 0.32 only; bench/encoder_graphs.py)
     "graphs": Layout(1, 0.95, encoder_graphs=True),
     "graphs-api2": Layout(1, 0.95, api_servers=2, encoder_graphs=True),  # two renderers
@@ -143,6 +159,11 @@ LAYOUTS = {
         1, 0.95, api_servers=2, max_num_seqs=512, resize_in_gateway=True
     ),
 }
+# One H200 as vLLM counts it ("Free memory on device cuda:0 (131.1/139.8 GiB)"), and what an
+# engine holds beside a fixed KV: weights 1.82 GiB, CUDA graphs, activations (the seventh pass:
+# three engines of 16 GiB KV under MPS held 57.8 GiB at most)
+GPU_GIB = 139.8
+ENGINE_OVERHEAD_GIB = 3.5
 # What an encoder-graphs layout adds to the engine config (vLLM's --config takes the JSON string)
 ENCODER_GRAPHS_CONFIG = '{"cudagraph_mm_encoder": true}'
 
@@ -417,18 +438,14 @@ def _hey_body() -> Path:
     return body
 
 
-def measure(name: str, layout: Layout, started: list[tuple[str, Path]], sweep: Any) -> None:
-    """Sweep the gateway in front of `started`; RESULTS/<name>.json."""
+def sweep_layout(name: str, layout: Layout, started: list[tuple[str, Path]], sweep: Any) -> None:
+    """Sweep the gateway in front of `started`; RESULTS/<name>.json (written at once, so a call
+    cut short keeps it)."""
     began = time.monotonic()
     with gateway(backends((u for u, _ in started), layout), layout.resize_in_gateway) as gw:
         samples = WORK / f"gpu-{name}.csv"
         with gpu_sampler(samples):
             report = sweep(gw, name, [f"{u}/metrics" for u, _ in started])
-        if HEY:
-            report["hey"] = hey_load.run(
-                HEY, gw, KEY, _hey_body(), concurrency=HEY_C, duration=HEY_S
-            )
-            print(f"{name} hey c={HEY_C}: {report['hey']['pages_per_s']:.2f} pages/s", flush=True)
     report["layout"] = asdict(layout) | {
         "name": name,
         "engines_logged": [logged(log) for _, log in started],
@@ -436,6 +453,30 @@ def measure(name: str, layout: Layout, started: list[tuple[str, Path]], sweep: A
         "seconds": time.monotonic() - began,
     }
     (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+
+
+def hey_layout(name: str, layout: Layout, started: list[tuple[str, Path]]) -> None:
+    """hey at HEY_C for HEY_S through a gateway in front of `started` (and, for a layout named
+    in HEY_DIRECT with one engine, straight at that engine); added to RESULTS/<name>.json."""
+    assert HEY is not None  # noqa: S101 (only called with OCRVL_BENCH_HEY set)
+    stored = RESULTS / f"{name}.json"
+    report = json.loads(stored.read_text()) if stored.exists() else {}
+    body = _hey_body()
+    with gateway(backends((u for u, _ in started), layout), layout.resize_in_gateway) as gw:
+        report["hey"] = hey_load.run(HEY, gw, KEY, body, concurrency=HEY_C, duration=HEY_S)
+    print(f"{name} hey c={HEY_C}: {report['hey']['pages_per_s']:.2f} pages/s", flush=True)
+    if name in HEY_DIRECT and len(started) == 1:
+        direct = hey_load.run(HEY, started[0][0], KEY, body, concurrency=HEY_C, duration=HEY_S)
+        report["hey_direct"] = direct
+        print(f"{name} hey direct c={HEY_C}: {direct['pages_per_s']:.2f} pages/s", flush=True)
+    stored.write_text(json.dumps(report, indent=1) + "\n")
+
+
+def measure(name: str, layout: Layout, started: list[tuple[str, Path]], sweep: Any) -> None:
+    """The sweep, then hey when OCRVL_BENCH_HEY names it."""
+    sweep_layout(name, layout, started, sweep)
+    if HEY:
+        hey_layout(name, layout, started)
 
 
 def run(
@@ -467,6 +508,9 @@ def run(
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     if together:
+        if problems := together_problems(names):
+            print("not started together:\n  " + "\n  ".join(problems), flush=True)
+            return 2
         with mps(any(LAYOUTS[name].mps for name in names)):
             return _run_together(names, vllm, sweep)
     for name in names:
@@ -480,14 +524,38 @@ def run(
     return 0
 
 
+def together_problems(names: list[str]) -> list[str]:
+    """Why the layouts' engines could not all start at once on one GPU, if they could not.
+
+    Each needs a fixed KV (no memory profiling), and vLLM refuses to start an engine unless the
+    GPU has `share` of its memory free at that moment: the engine starting last sees what every
+    other one already holds (its KV and ENGINE_OVERHEAD_GIB)."""
+    engines = [(name, LAYOUTS[name]) for name in names for _ in range(LAYOUTS[name].engines)]
+    problems = [f"{name}: no fixed KV (kv_gib)" for name in names if not LAYOUTS[name].kv_gib]
+    if problems:
+        return problems
+    held = [(layout.kv_gib or 0.0) + ENGINE_OVERHEAD_GIB for _, layout in engines]
+    for index, (name, layout) in enumerate(engines):
+        free = GPU_GIB - (sum(held) - held[index])
+        if layout.share * GPU_GIB > free and f"{name}:" not in " ".join(problems):
+            problems.append(
+                f"{name}: share {layout.share} asks for {layout.share * GPU_GIB:.1f} GiB free "
+                f"at start, {free:.1f} GiB are left once the others hold theirs"
+            )
+    return problems
+
+
 def _run_together(names: list[str], vllm: list[str], sweep: Any) -> int:
-    """Every named layout's engines up at once, then each swept while the others idle."""
+    """Every named layout's engines up at once, then each swept while the others idle, then
+    (with hey) each loaded by hey in the reverse order: A B B A, so drift falls on both."""
     waves = {name: launch(name, LAYOUTS[name], vllm, range(LAYOUTS[name].engines))
              for name in names}  # fmt: skip
     try:
         ready = {name: healthy(wave, name) for name, wave in waves.items()}
         for name in names:
-            measure(name, LAYOUTS[name], ready[name], sweep)
+            sweep_layout(name, LAYOUTS[name], ready[name], sweep)
+        for name in reversed(names if HEY else []):
+            hey_layout(name, LAYOUTS[name], ready[name])
     finally:
         _stop([process for wave in waves.values() for _, _, process in wave])
     return 0
@@ -527,6 +595,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         "engines_logged": layout["engines_logged"],
         "gpu": layout["gpu"],
         "hey": report.get("hey"),  # the same gateway loaded by hey, when the run asked for it
+        "hey_direct": report.get("hey_direct"),  # hey at the one engine, without the gateway
     }
 
 
@@ -598,10 +667,12 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
     from app.bench.report import table  # noqa: PLC0415
 
     base = rows[0]["peak_pages_per_s"] or 1.0
+    hey_base = (rows[0].get("hey") or {}).get("pages_per_s") or None
     header = ["target", "GPUs", "engines", "share", "API servers", "max seqs", "torch threads",
               "MPS", "encoder graphs", "pages sent", "peak pages/s", "x default",
               "at c", "p99 at peak s", "knee c", "knee per engine", "KV tokens (each)",
-              "weights GiB", "graphs GiB", "GPU util avg/max %", "hey pages/s at c"]  # fmt: skip
+              "weights GiB", "graphs GiB", "GPU util avg/max %", "hey pages/s at c",
+              "hey x default", "hey direct pages/s"]  # fmt: skip
     body = []
     for r in rows:
         logged_ = r["engines_logged"][0] if r["engines_logged"] else {}
@@ -621,6 +692,8 @@ def layouts_table(rows: list[dict[str, Any]]) -> str:
             str(logged_.get("cuda_graphs_gib", "")),
             f"{gpu.get('utilization_avg_pct', 0):.0f}/{gpu.get('utilization_max_pct', 0):.0f}",
             f"{hey['pages_per_s']:.2f} at {hey['concurrency']}" if (hey := r.get("hey")) else "",
+            f"{hey['pages_per_s'] / hey_base:.2f}" if hey and hey_base else "",
+            f"{direct['pages_per_s']:.2f}" if (direct := r.get("hey_direct")) else "",
         ])  # fmt: skip
     return "Layouts (peak over the levels; knee: lowest level within 10 % of the peak):\n\n" + (
         table(header, body)

@@ -44,8 +44,15 @@ install)
     ;;
 run)
     . "$wheels/scripts/env.sh"
+    # An engine a previous call left running (a call cut short) would hold GPU memory: end it
+    for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do
+        echo "ending leftover GPU process $pid"; kill "$pid" 2>/dev/null
+    done
     taskset=()
     [ -n "${3:-}" ] && taskset=(taskset -c "$3")
+    # RUN_LIMIT (s): interrupt the run in time for its finally blocks (engines stopped) and this
+    # script's collect, before the device call's own limit kills everything unsaved
+    timeout -s INT -k 60 "${RUN_LIMIT:-540}" \
     "${taskset[@]}" python3 -m bench.gpu_layouts run "${2:?layouts}" ${LEVELS:+--levels "$LEVELS"} \
         ${DURATION:+--duration "$DURATION"} ${CORPUS:+--corpus "$CORPUS"} ${TOGETHER:+--together}
     ;;

@@ -7,6 +7,12 @@ measured; the window
 starts at the last of them and ends when `requests` completions were measured, `duration` passed
 or the level's pages ran out. Requests still in flight then are cancelled (the client
 disconnects, so vLLM aborts them) and not counted.
+
+Each worker has an HTTP client of its own, with one connection. One client shared by C workers
+spends its time in httpcore's connection pool, which walks every connection and every queued
+request (with a readability poll per connection) on each request and each response: at C = 256
+that was 81 % of the load generator's CPU, 30 ms per request, and it answered 12-14 pages/s of a
+backend that gives 25.6 (docs/benchmarks.md, the seventh H200 pass).
 """
 
 from __future__ import annotations
@@ -185,7 +191,7 @@ async def _lateness(measuring: asyncio.Event, lags: list[float]) -> None:
 
 
 async def run_level(
-    client: httpx.AsyncClient,
+    connect: Callable[[], httpx.AsyncClient],
     target: Target,
     *,
     shape: Shape,
@@ -206,10 +212,14 @@ async def run_level(
             stop.set()
 
     async def worker(index: int) -> None:
-        nonlocal warm, cpu_start
         # Staggered starts: with fixed answer lengths, C requests started together stay in
         # lock-step waves forever, and a window then counts whole waves, not a steady rate.
         await asyncio.sleep(plan.ramp * index / plan.concurrency)
+        async with connect() as client:  # its own connection (see the module's docstring)
+            await requests(client)
+
+    async def requests(client: httpx.AsyncClient) -> None:
+        nonlocal warm, cpu_start
         while not stop.is_set():
             page = next(pages, None)
             if page is None:

@@ -163,12 +163,13 @@ def _summary(level: dict[str, Any]) -> str:
 
 async def run(config: Config, pages: list[Page], corpus: str, err: TextIO) -> dict[str, Any]:
     """Run the sweep; the report (not yet written)."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=2 * max(config.levels))
     timeout = httpx.Timeout(config.timeout, connect=10.0)
-    async with (
-        httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client,
-        httpx.AsyncClient(timeout=5.0, trust_env=False) as side,
-    ):
+    one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+
+    def connect() -> httpx.AsyncClient:  # one per worker: app/bench/load.py says why
+        return httpx.AsyncClient(limits=one, timeout=timeout, trust_env=False)
+
+    async with httpx.AsyncClient(timeout=5.0, trust_env=False) as side:
         described = [
             await _describe(side, config, url, key, label)
             for url, key, label in zip(config.urls, config.keys, config.labels, strict=True)
@@ -201,7 +202,7 @@ async def run(config: Config, pages: list[Page], corpus: str, err: TextIO) -> di
                     side, metrics[target.label], config.metrics_interval
                 ) as peaks:
                     level_run = await run_level(
-                        client, target, shape=config.shape, plan=plan, progress=bar.update,
+                        connect, target, shape=config.shape, plan=plan, progress=bar.update,
                         pages=draws(pages, seed=index * 16 + turn),
                     )  # fmt: skip
                 level = summarize(level_run, concurrency, peaks)

@@ -247,3 +247,101 @@ def test_with_hey_each_layout_is_also_loaded_by_hey_with_the_sweeps_body(
     assert body["messages"][0]["content"][0]["image_url"]["url"].startswith("data:image/")
     stored = json.loads((tmp_path / "results" / "seqs512.json").read_text())
     assert stored["hey"] == {"pages_per_s": 1.5, "concurrency": gpu_layouts.HEY_C}
+
+
+def test_together_sweeps_in_order_then_hey_in_reverse_and_direct_only_where_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run --together` with hey: every layout swept in the order named, then hey through a
+    fresh gateway in the reverse order (A B B A), and for a one-engine layout named in
+    OCRVL_BENCH_HEY_DIRECT also hey straight at its engine, at the same concurrency. Both hey
+    summaries land in the layout's JSON beside its sweep, and the merged table shows them."""
+    from app.bench import sweep as sweeping  # noqa: PLC0415
+
+    monkeypatch.setattr(gpu_layouts, "WORK", tmp_path)
+    monkeypatch.setattr(gpu_layouts, "RESULTS", tmp_path / "results")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(gpu_layouts, "HEY", "/usr/bin/hey")
+    monkeypatch.setattr(gpu_layouts, "HEY_DIRECT", {"default-kv16", "api4-kv16"})
+    (tmp_path / "engine.log").write_text("GPU KV cache size: 932,064 tokens\n")
+    engine_of = {"default-kv16": "http://127.0.0.1:8001", "api4-kv16": "http://127.0.0.1:8002"}
+    events: list[tuple[str, str]] = []
+    gateways: list[list[str]] = []
+
+    def launch(name: str, layout: gpu_layouts.Layout, vllm: list[str], indices: Any) -> Any:
+        return [(engine_of[name], tmp_path / "engine.log", None)]
+
+    @contextlib.contextmanager
+    def at_gateway(backends: list[str], resize_images: bool = False) -> Iterator[str]:
+        gateways.append(backends)
+        yield f"http://127.0.0.1:9{len(gateways)}"
+
+    def sweep_main(config: sweeping.Config) -> dict[str, Any]:
+        events.append(("sweep", config.name))
+        return {"swept": config.name}
+
+    def hey_run(binary: str, url: str, key: str, body: Path, **load: float) -> dict[str, Any]:
+        events.append(("hey", url))
+        return {"pages_per_s": 2.0 if url in engine_of.values() else 1.0, **load}
+
+    monkeypatch.setattr(gpu_layouts, "launch", launch)
+    monkeypatch.setattr(gpu_layouts, "healthy", lambda wave, label: [(u, p) for u, p, _ in wave])
+    monkeypatch.setattr(gpu_layouts, "_stop", lambda processes: None)
+    monkeypatch.setattr(gpu_layouts, "gateway", at_gateway)
+    monkeypatch.setattr(sweeping, "main", sweep_main)
+    monkeypatch.setattr(gpu_layouts.hey_load, "run", hey_run)
+    names = ["default-kv16", "api4-kv16"]
+    assert gpu_layouts.run(names, ["vllm"], [256], 45.0, together=True) == 0
+    assert events == [
+        ("sweep", "default-kv16"), ("sweep", "api4-kv16"),
+        ("hey", "http://127.0.0.1:93"), ("hey", engine_of["api4-kv16"]),
+        ("hey", "http://127.0.0.1:94"), ("hey", engine_of["default-kv16"]),
+    ]  # fmt: skip
+    assert gateways == [[engine_of[n]] for n in (*names, *reversed(names))]
+    for name in names:
+        stored = json.loads((tmp_path / "results" / f"{name}.json").read_text())
+        assert stored["swept"] == name
+        assert stored["layout"]["name"] == name
+        assert stored["layout"]["engines_logged"] == [{"kv_cache_tokens": 932064.0}]
+        assert stored["hey"]["pages_per_s"] == 1.0
+        assert stored["hey_direct"] == {"pages_per_s": 2.0, "concurrency": gpu_layouts.HEY_C,
+                                        "duration": gpu_layouts.HEY_S}  # fmt: skip
+    rows = [
+        {"layout": name, "gpus": 1, "engines": 1, "memory_share": 0.95, "api_servers": 1,
+         "omp_threads": None, "mps": False, "encoder_graphs": False, "peak_pages_per_s": 3.0,
+         "peak_at": 256, "p99_at_peak_s": 9.0, "knee_concurrency": 256, "knee_per_engine": 256,
+         "engines_logged": [], "gpu": None, "hey": {"pages_per_s": hey, "concurrency": 256},
+         "hey_direct": direct}
+        for name, hey, direct in (("a", 1.0, {"pages_per_s": 2.0}), ("b", 1.5, None))
+    ]  # fmt: skip
+    table = gpu_layouts.layouts_table(rows).splitlines()
+    assert table[2].split("|")[-4:-1] == [" hey pages/s at c ", " hey x default ",
+                                          " hey direct pages/s "]  # fmt: skip
+    assert [line.split("|")[-4:-1] for line in table[4:]] == [
+        [" 1.00 at 256 ", " 1.00 ", " 2.00 "],
+        [" 1.50 at 256 ", " 1.50 ", "  "],
+    ]
+
+
+def test_layouts_that_cannot_start_together_are_refused_before_any_engine_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM refuses to start an engine unless `share` of the GPU is free at that moment, even
+    with a fixed KV: the seventh pass's 0.95 `one-mps` beside `three-mps` died so, after 240 s
+    of device time. Such a set, or one with a layout that profiles its memory, is refused
+    before anything is launched; the layouts meant to run together pass."""
+    launched: list[str] = []
+    monkeypatch.setattr(gpu_layouts, "launch", lambda name, *rest: launched.append(name))
+    old_one_mps = gpu_layouts.Layout(1, 0.95, kv_gib=16, mps=True)
+    monkeypatch.setitem(gpu_layouts.LAYOUTS, "one-mps-0.95", old_one_mps)
+    problems = gpu_layouts.together_problems(["one-mps-0.95", "three-mps"])
+    assert len(problems) == 1
+    assert problems[0].startswith("one-mps-0.95: share 0.95 asks for 132.8 GiB free")
+    assert gpu_layouts.together_problems(["default", "two-mps"]) == [
+        "default: no fixed KV (kv_gib)"
+    ]
+    assert gpu_layouts.run(["one-mps-0.95", "three-mps"], ["vllm"], [256], 1.0, together=True) == 2
+    assert launched == []
+    for names in (["default-kv16", "api4-kv16"], ["one-mps", "two-mps"], ["one-mps", "three-mps"],
+                  ["default-kv16", "api2-kv16", "api4-kv16", "renderer8-kv16"]):  # fmt: skip
+        assert gpu_layouts.together_problems(names) == [], names

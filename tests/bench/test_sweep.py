@@ -190,13 +190,46 @@ async def test_a_ramp_spreads_the_first_requests(
         return httpx.Response(200, json={"usage": {"completion_tokens": 1}})
 
     pages = iter([Page(bytes([i]), "image/png", str(i)) for i in range(8)])
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-        await run_level(
-            client, Target("t", "http://t", "", "m"), shape=Shape(), pages=pages,
-            plan=Plan(concurrency=4, warmup=0, requests=4, ramp=ramp),
-        )  # fmt: skip
+    await run_level(
+        lambda: httpx.AsyncClient(transport=httpx.MockTransport(answer)),
+        Target("t", "http://t", "", "m"), shape=Shape(), pages=pages,
+        plan=Plan(concurrency=4, warmup=0, requests=4, ramp=ramp),
+    )  # fmt: skip
     first = sorted(arrivals)[:4]
     assert spread_at_least <= first[-1] - first[0] < spread_below
+
+
+@pytest.mark.anyio
+async def test_each_worker_sends_through_a_client_of_its_own() -> None:
+    """C workers, C clients, each used by one worker at a time and closed when the level ends:
+    no pool shared by every request in flight (httpcore's walks all of them per request)."""
+    clients: list[httpx.AsyncClient] = []
+    in_flight: dict[int, int] = {}
+    most: dict[int, int] = {}
+
+    def connect() -> httpx.AsyncClient:
+        index = len(clients)
+
+        async def answer(request: httpx.Request) -> httpx.Response:
+            in_flight[index] = in_flight.get(index, 0) + 1
+            most[index] = max(most.get(index, 0), in_flight[index])
+            await asyncio.sleep(0.01)
+            in_flight[index] -= 1
+            return httpx.Response(200, json={"usage": {"completion_tokens": 3}})
+
+        clients.append(httpx.AsyncClient(transport=httpx.MockTransport(answer)))
+        return clients[-1]
+
+    pages = iter([Page(bytes([i]), "image/png", str(i)) for i in range(40)])
+    run = await run_level(
+        connect, Target("t", "http://t", "", "m"), shape=Shape(), pages=pages,
+        plan=Plan(concurrency=5, warmup=5, requests=20),
+    )  # fmt: skip
+    assert len(run.outcomes) >= 20
+    assert all(outcome.ok and outcome.tokens == 3 for outcome in run.outcomes)
+    assert len(clients) == 5
+    assert most == dict.fromkeys(range(5), 1)
+    assert all(client.is_closed for client in clients)
 
 
 def test_the_automatic_ramp_is_about_one_latency_at_the_new_level() -> None:
@@ -230,11 +263,11 @@ async def test_the_load_generators_own_lateness_is_measured(
         time.sleep(block)  # a loop busy with something else: parsing, another task's work
 
     pages = iter([Page(bytes([i]), "image/png", str(i)) for i in range(12)])
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-        run = await run_level(
-            client, Target("t", "http://t", "", "m"), shape=Shape(), pages=pages,
-            plan=Plan(concurrency=2, warmup=0, requests=8), progress=busy,
-        )  # fmt: skip
+    run = await run_level(
+        lambda: httpx.AsyncClient(transport=httpx.MockTransport(answer)),
+        Target("t", "http://t", "", "m"), shape=Shape(), pages=pages,
+        plan=Plan(concurrency=2, warmup=0, requests=8), progress=busy,
+    )  # fmt: skip
     assert run.loop_lags
     assert late_at_least <= max(run.loop_lags) < late_below
     level = summarize(run, 2, None)
