@@ -438,9 +438,11 @@ def _hey_body() -> Path:
     return body
 
 
-def sweep_layout(name: str, layout: Layout, started: list[tuple[str, Path]], sweep: Any) -> None:
-    """Sweep the gateway in front of `started`; RESULTS/<name>.json (written at once, so a call
-    cut short keeps it)."""
+def sweep_layout(
+    name: str, layout: Layout, started: list[tuple[str, Path]], sweep: Any
+) -> dict[str, Any]:
+    """Sweep the gateway in front of `started`; the report, also in RESULTS/<name>.json (written
+    at once, so a call cut short keeps it)."""
     began = time.monotonic()
     with gateway(backends((u for u, _ in started), layout), layout.resize_in_gateway) as gw:
         samples = WORK / f"gpu-{name}.csv"
@@ -453,14 +455,16 @@ def sweep_layout(name: str, layout: Layout, started: list[tuple[str, Path]], swe
         "seconds": time.monotonic() - began,
     }
     (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
 
 
-def hey_layout(name: str, layout: Layout, started: list[tuple[str, Path]]) -> None:
+def hey_layout(
+    name: str, layout: Layout, started: list[tuple[str, Path]], report: dict[str, Any]
+) -> None:
     """hey at HEY_C for HEY_S through a gateway in front of `started` (and, for a layout named
-    in HEY_DIRECT with one engine, straight at that engine); added to RESULTS/<name>.json."""
+    in HEY_DIRECT with one engine, straight at that engine); added to the layout's sweep
+    `report` and RESULTS/<name>.json."""
     assert HEY is not None  # noqa: S101 (only called with OCRVL_BENCH_HEY set)
-    stored = RESULTS / f"{name}.json"
-    report = json.loads(stored.read_text()) if stored.exists() else {}
     body = _hey_body()
     with gateway(backends((u for u, _ in started), layout), layout.resize_in_gateway) as gw:
         report["hey"] = hey_load.run(HEY, gw, KEY, body, concurrency=HEY_C, duration=HEY_S)
@@ -469,14 +473,14 @@ def hey_layout(name: str, layout: Layout, started: list[tuple[str, Path]]) -> No
         direct = hey_load.run(HEY, started[0][0], KEY, body, concurrency=HEY_C, duration=HEY_S)
         report["hey_direct"] = direct
         print(f"{name} hey direct c={HEY_C}: {direct['pages_per_s']:.2f} pages/s", flush=True)
-    stored.write_text(json.dumps(report, indent=1) + "\n")
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
 
 
 def measure(name: str, layout: Layout, started: list[tuple[str, Path]], sweep: Any) -> None:
     """The sweep, then hey when OCRVL_BENCH_HEY names it."""
-    sweep_layout(name, layout, started, sweep)
+    report = sweep_layout(name, layout, started, sweep)
     if HEY:
-        hey_layout(name, layout, started)
+        hey_layout(name, layout, started, report)
 
 
 def run(
@@ -530,16 +534,16 @@ def together_problems(names: list[str]) -> list[str]:
     Each needs a fixed KV (no memory profiling), and vLLM refuses to start an engine unless the
     GPU has `share` of its memory free at that moment: the engine starting last sees what every
     other one already holds (its KV and ENGINE_OVERHEAD_GIB)."""
-    engines = [(name, LAYOUTS[name]) for name in names for _ in range(LAYOUTS[name].engines)]
     problems = [f"{name}: no fixed KV (kv_gib)" for name in names if not LAYOUTS[name].kv_gib]
     if problems:
         return problems
-    held = [(layout.kv_gib or 0.0) + ENGINE_OVERHEAD_GIB for _, layout in engines]
-    for index, (name, layout) in enumerate(engines):
-        free = GPU_GIB - (sum(held) - held[index])
-        if layout.share * GPU_GIB > free and f"{name}:" not in " ".join(problems):
+    held = {name: (LAYOUTS[name].kv_gib or 0.0) + ENGINE_OVERHEAD_GIB for name in names}
+    every = sum(held[name] * LAYOUTS[name].engines for name in names)
+    for name in names:  # a layout's engines are alike: check its one that starts last
+        share, free = LAYOUTS[name].share, GPU_GIB - (every - held[name])
+        if share * GPU_GIB > free:
             problems.append(
-                f"{name}: share {layout.share} asks for {layout.share * GPU_GIB:.1f} GiB free "
+                f"{name}: share {share} asks for {share * GPU_GIB:.1f} GiB free "
                 f"at start, {free:.1f} GiB are left once the others hold theirs"
             )
     return problems
@@ -552,10 +556,9 @@ def _run_together(names: list[str], vllm: list[str], sweep: Any) -> int:
              for name in names}  # fmt: skip
     try:
         ready = {name: healthy(wave, name) for name, wave in waves.items()}
-        for name in names:
-            sweep_layout(name, LAYOUTS[name], ready[name], sweep)
+        reports = {name: sweep_layout(name, LAYOUTS[name], ready[name], sweep) for name in names}
         for name in reversed(names if HEY else []):
-            hey_layout(name, LAYOUTS[name], ready[name])
+            hey_layout(name, LAYOUTS[name], ready[name], reports[name])
     finally:
         _stop([process for wave in waves.values() for _, _, process in wave])
     return 0
