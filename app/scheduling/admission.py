@@ -13,7 +13,6 @@ import asyncio
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -26,11 +25,11 @@ from app.metrics import Metrics
 from app.scheduling import capacity
 from app.scheduling.queue import FairQueue, Waiter
 from app.scheduling.routing import Router
+from app.scheduling.service import ServiceTimes
 
 log = logging.getLogger("ocrvl.scheduling")
 
-RATE_WINDOW = 30.0  # seconds of completions behind the observed service rate
-FALLBACK_RETRY_AFTER = 5  # seconds, while nothing has completed for a whole window
+FALLBACK_RETRY_AFTER = 5  # seconds, before any backend has served a request
 MAX_RETRY_AFTER = 120  # the OpenAI SDK ignores longer values
 
 
@@ -41,12 +40,13 @@ class Lease:
     backend: Backend
     _scheduler: Scheduler = field(repr=False)
     released: bool = False
+    since: float = field(default_factory=time.monotonic)
 
     def release(self) -> None:
         """Give the slot back."""
         if not self.released:
             self.released = True
-            self._scheduler.release(self.backend)
+            self._scheduler.release(self.backend, held=time.monotonic() - self.since)
 
 
 class Scheduler:
@@ -68,7 +68,8 @@ class Scheduler:
         self.queue = FairQueue()
         self._metrics = metrics
         self._router = Router()
-        self._done: deque[float] = deque(maxlen=100_000)  # completion times, for the rate
+        self.service = ServiceTimes()
+        self._last_done = -math.inf  # when a slot was last given back (time.monotonic())
 
     # ------------------------------------------------------------------------------ capacity
 
@@ -117,15 +118,17 @@ class Scheduler:
                 "queue_full",
                 f"every backend is at capacity and the admission queue is full "
                 f"({self.queue_size} waiting, OCRVL_QUEUE_SIZE)",
+                waiter.model,
             )
         ahead = self.queue.ahead_of(waiter.key)
-        expected = self._expected_wait(ahead + 1)
+        expected = self._expected_wait(ahead + 1, waiter.model)
         if expected is not None and expected > self.queue_timeout:
             raise self._shed(
                 "expected_wait",
                 f"every backend is at capacity and the {ahead} requests queued ahead would "
                 f"take about {expected:.0f} s, more than OCRVL_QUEUE_TIMEOUT "
                 f"({self.queue_timeout:g} s)",
+                waiter.model,
             )
         self.queue.push(waiter)
         self._metrics.queue_depth.set(len(self.queue))
@@ -137,6 +140,7 @@ class Scheduler:
                 "queue_timeout",
                 f"every backend stayed at capacity for {self.queue_timeout:g} s "
                 "(OCRVL_QUEUE_TIMEOUT) while this request waited",
+                waiter.model,
             ) from None
         except asyncio.CancelledError:
             # Gone while waiting (client disconnect, deadline): a slot granted meanwhile
@@ -150,10 +154,13 @@ class Scheduler:
             self._metrics.queue_wait.observe(time.monotonic() - waiter.since)
         return Lease(granted, self)
 
-    def release(self, backend: Backend) -> None:
-        """A request on `backend` ended: count it, then hand free slots to waiters."""
+    def release(self, backend: Backend, held: float | None = None) -> None:
+        """A request on `backend` ended after holding its slot `held` seconds (None: a slot
+        reserved for a waiter that left): note it, then hand free slots to waiters."""
         backend.in_flight -= 1
-        self._done.append(time.monotonic())
+        self._last_done = time.monotonic()
+        if held is not None:
+            self.service.record(backend, held)
         self.dispatch()
 
     def dispatch(self) -> None:
@@ -175,11 +182,10 @@ class Scheduler:
     def busy(self, since: float) -> bool:
         """Whether any request holds a slot or waits for one, or gave one back after `since`
         (a `time.monotonic()` reading)."""
-        done = self._done
         return (
             bool(self.queue)
             or any(b.in_flight for b in self.pool.backends)
-            or bool(done and done[-1] > since)
+            or self._last_done > since
         )
 
     def readings(self) -> Iterator[tuple[str, dict[str, float]]]:
@@ -200,29 +206,28 @@ class Scheduler:
 
     # --------------------------------------------------------------------------- shedding
 
-    def service_rate(self) -> float | None:
-        """Requests completed per second over the last RATE_WINDOW seconds, if any."""
-        now = time.monotonic()
-        while self._done and now - self._done[0] > RATE_WINDOW:
-            self._done.popleft()
-        if len(self._done) < 2:
-            return None
-        return len(self._done) / max(now - self._done[0], 1.0)
+    def drain_rate(self, model: str | None = None) -> float | None:
+        """Pages per second the healthy backends (those serving `model`, if given) finish
+        while full: their capacity over their service time; None before any has served."""
+        backends = self.pool.healthy()
+        if model is not None:
+            backends = [b for b in backends if model in b.models]
+        return self.service.drain_rate(backends, self.capacity)
 
-    def _expected_wait(self, position: int) -> float | None:
-        rate = self.service_rate()
+    def _expected_wait(self, position: int, model: str | None = None) -> float | None:
+        rate = self.drain_rate(model)
         return None if rate is None else position / rate
 
-    def retry_after(self) -> int:
-        """Seconds until the queue, draining at the observed rate, has room for one more."""
-        expected = self._expected_wait(len(self.queue) + 1)
+    def retry_after(self, model: str | None = None) -> int:
+        """Seconds until the queue, draining at the backends' pace, has room for one more."""
+        expected = self._expected_wait(len(self.queue) + 1, model)
         if expected is None:
             return FALLBACK_RETRY_AFTER
         return min(max(math.ceil(expected), 1), MAX_RETRY_AFTER)
 
-    def _shed(self, reason: str, message: str) -> Overloaded:
+    def _shed(self, reason: str, message: str, model: str) -> Overloaded:
         self._metrics.shed.labels(reason).inc()
-        retry_after = self.retry_after()
+        retry_after = self.retry_after(model)
         return Overloaded(f"{message}; retry after {retry_after} s", retry_after=retry_after)
 
     # ------------------------------------------------------------------------------ engines

@@ -9,6 +9,7 @@ import pytest
 
 from app.backends import BackendPool
 from app.errors import Overloaded
+from app.scheduling import Scheduler
 from tests.scheduling.conftest import MODEL, backend, scheduler_for
 
 pytestmark = pytest.mark.anyio
@@ -109,18 +110,24 @@ async def test_waiting_too_long_is_shed(pool: BackendPool) -> None:
     assert held is not None
 
 
-async def test_retry_after_follows_the_observed_service_rate(pool: BackendPool) -> None:
-    """Ten completions a second and 20 queued: a shed request is told to come back in ~3 s."""
+def served(scheduler: Scheduler, seconds: float, times: int = 20) -> None:
+    """Note `times` requests on every backend that each held a slot for `seconds`."""
+    for b in scheduler.pool.backends:
+        for _ in range(times):
+            scheduler.service.record(b, seconds)
+
+
+async def test_retry_after_follows_the_backends_service_time(pool: BackendPool) -> None:
+    """A page takes 0.1 s on a backend of capacity 1 and 20 are queued: a shed request is
+    told to come back in ~2-3 s (21 ahead at 10 a second)."""
     pool.backends = [backend("http://a", capacity=1)]
     scheduler = scheduler_for(pool, queue_size=20)
-    now = time.monotonic()
-    scheduler._done.extend(now - 2 + i / 10 for i in range(20))  # 10 per second for 2 s
+    served(scheduler, 0.1)
     held = await scheduler.acquire(MODEL, "k")
     waiting = [asyncio.create_task(scheduler.acquire(MODEL, "k")) for _ in range(20)]
     await settle()
     with pytest.raises(Overloaded) as shed:
         await scheduler.acquire(MODEL, "k")
-    # 21 ahead at ~10/s (the window counts the 20 completions over ~2 s)
     assert 2 <= shed.value.retry_after <= 4
     assert held is not None
     for task in waiting:
@@ -128,11 +135,10 @@ async def test_retry_after_follows_the_observed_service_rate(pool: BackendPool) 
 
 
 async def test_expected_wait_beyond_the_timeout_is_shed_at_once(pool: BackendPool) -> None:
-    """At one completion a second, a request 10 places back with a 5 s timeout is shed now."""
+    """At 1 s a page on one slot, a request 10 places back with a 5 s timeout is shed now."""
     pool.backends = [backend("http://a", capacity=1)]
     scheduler = scheduler_for(pool, queue_timeout=5)
-    now = time.monotonic()
-    scheduler._done.extend(now - 10 + i for i in range(10))
+    served(scheduler, 1.0)
     held = await scheduler.acquire(MODEL, "k")
     waiting = [asyncio.create_task(scheduler.acquire(MODEL, "k")) for _ in range(9)]
     await settle()
@@ -141,6 +147,69 @@ async def test_expected_wait_beyond_the_timeout_is_shed_at_once(pool: BackendPoo
     assert held is not None
     for task in waiting:
         task.cancel()
+
+
+async def test_capacity_counts_in_the_expected_wait(pool: BackendPool) -> None:
+    """The same 1 s pages on two backends of 8 slots each drain 16 a second: 40 queued with a
+    5 s timeout all wait instead of being shed."""
+    pool.backends = [backend("http://a", capacity=8), backend("http://b", capacity=8)]
+    scheduler = scheduler_for(pool, queue_timeout=5)
+    served(scheduler, 1.0)
+    held = [await scheduler.acquire(MODEL, "k") for _ in range(16)]
+    waiting = [asyncio.create_task(scheduler.acquire(MODEL, "k")) for _ in range(40)]
+    await settle()
+    assert not any(task.done() for task in waiting), "a drainable burst was shed"
+    assert len(scheduler.queue) == 40
+    assert 1 <= scheduler.retry_after(MODEL) <= 4  # 41 ahead at 16 a second
+    assert all(lease is not None for lease in held)
+    for task in waiting:
+        task.cancel()
+    await settle()
+
+
+async def serve_for(scheduler: Scheduler, key: str, seconds: float) -> None:
+    """One request that holds its slot `seconds`, as a page on a real engine would."""
+    lease = await scheduler.acquire(MODEL, key)
+    assert lease is not None
+    await asyncio.sleep(seconds)
+    lease.release()
+
+
+async def test_a_burst_after_a_quiet_spell_is_served_not_shed(
+    pool: BackendPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few pages, then 20 s of silence, then a burst the backends drain in well under the
+    queue timeout: every page is served, none shed at once (the H200's immediate 503s: a
+    rate of recent completions read one page per 5 s and shed the burst)."""
+    pool.backends = [backend("http://a", capacity=4)]
+    scheduler = scheduler_for(pool, queue_timeout=5)
+    await asyncio.gather(*(serve_for(scheduler, "k", 0.02) for _ in range(4)))
+    real = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: real() + 20)  # the quiet spell
+    results = await asyncio.gather(
+        *(serve_for(scheduler, "k", 0.02) for _ in range(60)), return_exceptions=True
+    )
+    shed = [r for r in results if isinstance(r, Overloaded)]
+    assert not shed, f"{len(shed)} of 60 shed: {shed[0].message}"
+    assert all(r is None for r in results)
+
+
+async def test_before_anything_is_served_only_the_queue_bounds_shed(pool: BackendPool) -> None:
+    """A fresh gateway knows no service time: a burst waits (queue size and timeout bound it)
+    and nothing is shed on a guess."""
+    pool.backends = [backend("http://a", capacity=1)]
+    scheduler = scheduler_for(pool, queue_size=30)
+    held = await scheduler.acquire(MODEL, "k")
+    waiting = [asyncio.create_task(scheduler.acquire(MODEL, "k")) for _ in range(30)]
+    await settle()
+    assert not any(task.done() for task in waiting)
+    assert scheduler.retry_after(MODEL) == 5  # the fallback, until a page has been served
+    with pytest.raises(Overloaded, match="OCRVL_QUEUE_SIZE"):
+        await scheduler.acquire(MODEL, "k")
+    assert held is not None
+    for task in waiting:
+        task.cancel()
+    await settle()
 
 
 async def test_a_request_cancelled_while_queued_leaves_and_the_next_one_proceeds(
