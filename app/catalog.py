@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.errors import ModelNotFound
+from app.errors import ModelNotFound, quoted
 
 # Names PaddleOCR's pipeline client and users' configs send (PaddleOCR#17603: 404s came from
 # exactly this mismatch). The gateway rewrites them to a backend's served name.
@@ -26,7 +26,7 @@ def resolve(requested: str, served: dict[str, dict[str, Any]]) -> str:
         return next(iter(served))
     known = ", ".join([*served, *(a for a in ALIASES if a not in served)])
     raise ModelNotFound(
-        f"the model {requested!r} does not exist; known models: {known}", param="model"
+        f"the model {quoted(requested)} does not exist; known models: {known}", param="model"
     )
 
 

@@ -11,10 +11,6 @@ import orjson
 
 from app.errors import InvalidRequest
 
-# Fields that let a client steer the server rather than the generation (vLLM's advisories on
-# chat-template injection and media fetching). Everything else passes through untouched,
-# notably what PaddleOCR's client sends: mm_processor_kwargs, skip_special_tokens, ...
-STRIPPED = ("chat_template", "chat_template_kwargs", "media_io_kwargs")
 BLOB_MIN = 4096  # a string this long that starts with "data:" is an inline image
 _BLOB_START = b'"data:'
 
@@ -37,6 +33,8 @@ class ChatRequest:
     model: str
     stream: bool
     blobs: Blobs | None = None  # inline images the payload holds only as placeholders
+    pages: int = 1  # sequences it makes the engine decode at once (`n`), set by app/policy.py
+    edited: bool = False  # the payload was changed in place since `raw` (app/policy.py)
 
     def take_body(self, served_model: str, max_pixels: int) -> bytes:
         """`for_backend`'s body, and the request gives up its own copies (raw and parsed).
@@ -50,17 +48,12 @@ class ChatRequest:
         return body
 
     def for_backend(self, served_model: str, max_pixels: int) -> bytes:
-        """The body to send upstream: the served model name, steering fields removed, and
-        `mm_processor_kwargs` pixel limits clamped to `max_pixels`."""
+        """The body to send upstream: the served model name, the policy's edits (app/policy.py
+        has judged every field), and `mm_processor_kwargs` pixel limits clamped to `max_pixels`."""
         pixels = _clamped_pixels(self.payload.get("mm_processor_kwargs"), max_pixels)
-        needs_rewrite = (
-            served_model != self.model
-            or any(k in self.payload for k in STRIPPED)
-            or pixels is not None
-        )
-        if not needs_rewrite:
+        if served_model == self.model and pixels is None and not self.edited:
             return self.raw  # the common case costs no re-encoding
-        cleaned = {k: v for k, v in self.payload.items() if k not in STRIPPED}
+        cleaned = dict(self.payload)
         cleaned["model"] = served_model
         if pixels is not None:
             cleaned["mm_processor_kwargs"] = pixels
@@ -92,7 +85,9 @@ class ChatRequest:
 
     def rewritten(self) -> ChatRequest:
         """The request again, from its payload as changed in place (images inlined)."""
-        return parse(self.encode(self.payload))
+        again = parse(self.encode(self.payload))
+        again.pages = self.pages
+        return again
 
 
 def content_parts(payload: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:

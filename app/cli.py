@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from app import __version__
+from app.usage.commands import add_budget_flags
+from app.usage.commands import register as register_usage
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -47,7 +49,8 @@ def _keys_create(args: argparse.Namespace) -> int:
     from app.auth import KeyFile, KeyFileError, KeyLimits
 
     try:
-        key = KeyFile(args.file).create(args.name, KeyLimits(args.rpm, args.concurrency))
+        limits = KeyLimits(args.rpm, args.concurrency, args.pages_per_day, args.pages_per_month)
+        key = KeyFile(args.file).create(args.name, limits)
     except KeyFileError as exc:
         print(f"ocrvl keys create: {exc}", file=sys.stderr)
         return 2
@@ -64,8 +67,12 @@ def _keys_set(args: argparse.Namespace) -> int:
     from app.auth import KeyFile, KeyFileError, KeyLimits
 
     given = {"rpm": args.rpm, "concurrency": args.concurrency}
+    given |= {"pages_per_day": args.pages_per_day, "pages_per_month": args.pages_per_month}
     if all(value is None for value in given.values()):
-        print("ocrvl keys set: give --rpm and/or --concurrency", file=sys.stderr)
+        print(
+            "ocrvl keys set: give --rpm, --concurrency, --pages-per-day or --pages-per-month",
+            file=sys.stderr,
+        )
         return 2
     numbers = {k: v for k, v in given.items() if isinstance(v, int)}
     try:
@@ -87,13 +94,17 @@ def _keys_list(args: argparse.Namespace) -> int:
     except KeyFileError as exc:
         print(f"ocrvl keys list: {exc}", file=sys.stderr)
         return 2
-    print(f"{'NAME':<32} {'RPM':>8} {'CONCURRENCY':>12}")  # never the hashes
-    for entry in entries:
+    print(f"{'NAME':<32} {'RPM':>8} {'CONCURRENCY':>12} {'PAGES/DAY':>10} {'PAGES/MONTH':>12}")
+    for entry in entries:  # never the hashes
         rpm, concurrency = (
             "default" if value is None else "unlimited" if value == 0 else str(value)
             for value in (entry.limits.rpm, entry.limits.concurrency)
         )
-        print(f"{entry.name:<32} {rpm:>8} {concurrency:>12}")
+        day, month = (
+            str(value) if value else "none"
+            for value in (entry.limits.pages_per_day, entry.limits.pages_per_month)
+        )
+        print(f"{entry.name:<32} {rpm:>8} {concurrency:>12} {day:>10} {month:>12}")
     return 0
 
 
@@ -139,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--concurrency", type=_count, help="requests in flight (default OCRVL_KEY_CONCURRENCY)"
     )
+    add_budget_flags(create, _count, editing=False)
     create.set_defaults(func=_keys_create)
     edit = keys_commands.add_parser("set", help="change a key's limits (applied without restart)")
     edit.add_argument("name", help="the key's name")
@@ -147,10 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     edit.add_argument(
         "--concurrency", type=_limit, help="requests in flight, 0: unlimited, or default"
     )
+    add_budget_flags(edit, _limit, editing=True)
     edit.set_defaults(func=_keys_set)
     listing = keys_commands.add_parser("list", help="the keys' names and limits (no hashes)")
     listing.add_argument("--file", default=create.get_default("file"), help="the keys file")
     listing.set_defaults(func=_keys_list)
+    register_usage(keys_commands)  # `keys usage`: totals per key and day, from the store
 
     from app.profiles.commands import register as register_profile
 
@@ -162,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     from app.client import register as register_ocr  # argparse only; httpx loads on use
 
     register_ocr(commands)
+    from app.jobs.commands import register as register_jobs  # argparse only
+
+    register_jobs(commands)
     return parser
 
 

@@ -37,6 +37,12 @@ def register(commands: Any) -> None:
     )
     ocr.add_argument("--format", choices=FORMATS, help="output format (default from --out, or md)")
     ocr.add_argument(
+        "--job",
+        action="store_true",
+        help="send each FILE as a job (POST /v1/ocr/jobs): progress from its status; "
+        "interrupted, the job goes on (`ocrvl jobs status ID`)",
+    )
+    ocr.add_argument(
         "--url",
         default=os.environ.get("OCRVL_URL", "http://127.0.0.1:8000"),
         help="gateway base URL (default OCRVL_URL or http://127.0.0.1:8000)",
@@ -76,6 +82,14 @@ def _read_file(http: Any, file: Path, args: argparse.Namespace) -> int:
         for name in ("task", "pages", "dpi", "max_tokens", "model")
         if (value := getattr(args, name)) is not None
     }
+    if args.job:
+        from app.jobs.commands import Refused, follow  # noqa: PLC0415
+
+        target = _output(file, args)
+        try:
+            return follow(http, file, fields, target.path, target.fmt)
+        except Refused as exc:
+            raise RequestFailed(str(exc)) from None
     with file.open("rb") as handle, _output(file, args) as out:
         files = {"file": (file.name, handle, "application/octet-stream")}
         with http.stream("POST", "/v1/ocr", data=fields, files=files) as response:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.errors import clip
 from app.metrics import Metrics
 
 log = logging.getLogger("ocrvl.access")
@@ -38,21 +40,76 @@ class RequestContext:
     upstream_error: str | None = None
     truncated: bool = False  # the answer hit its token limit (finish_reason "length")
     images_resized: int = 0  # chat images the gateway brought to the model's size
+    # what the engine answered, by its own `usage` (app/usage): answers that came back (a chat
+    # request: one; /v1/ocr: its pages summed here), and their tokens
+    answered: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
     # set by the per-key limits (app/quotas): the answer's x-ratelimit-* headers, and what
     # gives the request's concurrency slot back once the answer is sent or the request failed
     response_headers: Sequence[tuple[bytes, bytes]] = ()
     release: Callable[[], Awaitable[None]] | None = None
+
+    def on_release(self, then: Callable[[], Awaitable[None]]) -> None:
+        """Run `then` when the request ends, after what already runs then (even if that fails)."""
+        first = self.release
+        if first is None:
+            self.release = then
+            return
+
+        async def both() -> None:
+            try:
+                await first()
+            finally:
+                await then()
+
+        self.release = both
 
     def elapsed(self) -> float:
         """Seconds since the request arrived."""
         return time.perf_counter() - self.started
 
 
-def _route_label(scope: Scope) -> str:
-    """The matched route's path; one label for all unmatched paths keeps metrics bounded."""
-    route = scope.get("route")
-    path = getattr(route, "path", None)
-    return path if isinstance(path, str) else "unmatched"
+class RouteLabels:
+    """A request's route label from the gateway's own route table, the paths its routers
+    declare, not from what the framework leaves in the scope (FastAPI 0.165 stopped setting
+    `scope["route"]` for the plain `Route` of the chat endpoint, so every chat request counted
+    as "unmatched"). One label for every path of no route keeps the metrics bounded."""
+
+    UNMATCHED = "unmatched"
+
+    def __init__(self, routes: Iterable[object]) -> None:
+        self._exact: dict[str, str] = {}
+        self._templates: list[tuple[re.Pattern[str], str]] = []
+        for route in routes:
+            path = getattr(route, "path", None)
+            if not isinstance(path, str):
+                continue
+            if "{" in path:
+                self._templates.append((_template(path), path))
+            else:
+                self._exact.setdefault(path, path)
+
+    def __call__(self, scope: Scope) -> str:
+        """The label of the route whose path template `scope`'s path fits, method aside."""
+        path: str = scope["path"]
+        root = scope.get("root_path") or ""
+        if root and path.startswith(root):  # Starlette >= 0.35 keeps the root path in `path`
+            path = path[len(root) :] or "/"
+        if (label := self._exact.get(path)) is not None:
+            return label
+        matches = (label for pattern, label in self._templates if pattern.fullmatch(path))
+        return next(matches, self.UNMATCHED)
+
+
+def _template(path: str) -> re.Pattern[str]:
+    """A route path such as `/v1/models/{model}` (or `{rest:path}`) as a regular expression."""
+    pieces = re.split(r"\{([^}]*)\}", path)
+    pattern = "".join(
+        re.escape(piece) if i % 2 == 0 else (".+" if piece.endswith(":path") else "[^/]+")
+        for i, piece in enumerate(pieces)
+    )
+    return re.compile(pattern)
 
 
 class RequestContextMiddleware:
@@ -61,9 +118,10 @@ class RequestContextMiddleware:
     the client left), then logs and measures it. (One layer for all of it: each layer costs
     every request a call and every relayed chunk a wrapped send.)"""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, routes: Iterable[object]) -> None:
         self.app = app
         self.metrics = metrics
+        self.label = RouteLabels(routes)  # built at the first request: every route is in
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -72,7 +130,7 @@ class RequestContextMiddleware:
         context = RequestContext()
         for name, value in scope["headers"]:
             if name == b"x-request-id":
-                context.client_request_id = value.decode("latin-1")[:200]
+                context.client_request_id = clip(value.decode("latin-1"))
             elif name == b"x-stainless-retry-count":
                 context.client_retry = value.decode("latin-1")[:8]
         scope.setdefault("state", {})["context"] = context
@@ -101,7 +159,7 @@ class RequestContextMiddleware:
             finally:
                 if not quiet:
                     self.metrics.in_flight.dec()
-                    self._record(_route_label(scope), context)
+                    self._record(self.label(scope), context)
 
     def _record(self, route: str, context: RequestContext) -> None:
         latency = context.elapsed()
@@ -123,7 +181,7 @@ class RequestContextMiddleware:
                 "client_retry": context.client_retry,
                 "key": context.key_name,
                 "route": route,
-                "model": context.model,
+                "model": None if context.model is None else clip(context.model),
                 "served_model": context.served_model,
                 "backend": context.backend,
                 "stream": context.stream,

@@ -4,8 +4,10 @@
     ├── InvalidRequest       400     malformed JSON, not a chat request (names `param`)
     ├── AuthenticationFailed 401     missing or unknown API key
     ├── ModelNotFound        404     model neither served nor an alias
+    ├── NotFound             404     no such job for this key
     ├── PayloadTooLarge      413     body over OCRVL_MAX_BODY_BYTES
     ├── RateLimited          429     the key's requests per minute or concurrency is used up
+    ├── BudgetExhausted      429     the key's pages per day or month would be passed
     ├── ClientClosed         499     the client left first (logged; nobody reads the body)
     ├── Overloaded           503     admission queue full, or waited OCRVL_QUEUE_TIMEOUT
     └── UpstreamError                the backend could not give an answer
@@ -27,6 +29,28 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+# What a message or log field repeats of a client's input (a model name, a URL, a form value),
+# and of a backend's own error message: cut past these lengths, its full length stated, so a
+# 2 MB `model` gives neither a 2 MB answer nor a 2 MB log line (docs/clients.md).
+QUOTE_LIMIT = 200
+MESSAGE_LIMIT = 1000
+
+
+def clip(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """`text`, or its first `limit` characters and how many it had."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """`repr(value)` for a message, cut as `clip` cuts (the length stated is the value's)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = len(value) if isinstance(value, str) else len(text)
+    return f"{text[:limit]}... ({size} characters)"
 
 
 class GatewayError(Exception):
@@ -75,6 +99,14 @@ class ModelNotFound(GatewayError):
     code = "model_not_found"
 
 
+class NotFound(GatewayError):
+    """No such resource for this key (a job of another key, an unknown or guessed id)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
 class PayloadTooLarge(GatewayError):
     """The body exceeds OCRVL_MAX_BODY_BYTES."""
 
@@ -104,6 +136,22 @@ class RateLimited(GatewayError):
         }
 
 
+class BudgetExhausted(GatewayError):
+    """The request would pass the key's page budget for the day or month (docs/limits.md)."""
+
+    status = 429
+    type = "insufficient_quota"  # OpenAI's own for a spent quota
+    code = "insufficient_quota"
+
+    def __init__(self, message: str, *, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        """`Retry-After` is the budget's reset; SDKs must not retry before it (they would)."""
+        return {"retry-after": str(max(math.ceil(self.retry_after), 1)), "x-should-retry": "false"}
+
+
 class ClientClosed(GatewayError):
     """The client disconnected before its answer was ready; the upstream request was closed."""
 
@@ -113,7 +161,7 @@ class ClientClosed(GatewayError):
 
 class Overloaded(GatewayError):
     """Every backend is at capacity and the request cannot wait: answered at once, no backend
-    call; `Retry-After` is when the queue, at its observed service rate, has room again."""
+    call; `Retry-After` is when the queue, at the backends' drain rate, has room again."""
 
     status = 503
     type = "server_error"
@@ -167,7 +215,7 @@ class BackendRejected(UpstreamError):
     def __init__(
         self, status: int, message: str, *, type_: str, param: str | None, code: str | None
     ) -> None:
-        super().__init__(message, param=param, code=code)
+        super().__init__(clip(message, MESSAGE_LIMIT), param=param, code=code)
         self.status = status
         self.type = type_
 
@@ -209,8 +257,8 @@ async def _http_error(_: Request, error: Exception) -> Response:
 async def _validation_error(_: Request, error: Exception) -> Response:
     exc = cast(RequestValidationError, error)
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-    param = ".".join(str(part) for part in first["loc"][1:]) or None
-    error = InvalidRequest(f"{param or 'request'}: {first['msg']}", param=param)
+    param = clip(".".join(str(part) for part in first["loc"][1:])) or None
+    error = InvalidRequest(f"{param or 'request'}: {clip(str(first['msg']))}", param=param)
     return error_response(error)
 
 

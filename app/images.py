@@ -2,8 +2,8 @@
 
 vLLM's API server decodes every page and resizes it to PaddleOCR-VL's pixel budget on one
 renderer thread, which an H200 engine keeps three quarters busy; a page already at that size
-halves its work (bench.renderer: 0.48x). With this on, the page workers of /v1/ocr do the
-resize: each inline image of a request that carries `min_pixels` and `max_pixels` in
+halves its work (0.48x: bench/results/renderer-2026-12-01.md). With this on, the page workers of
+/v1/ocr do the resize: each inline image of a request that carries `min_pixels` and `max_pixels` in
 `mm_processor_kwargs` (as PaddleOCR's client always does) becomes a JPEG q95 at exactly the size
 vLLM's processor would pick for those bounds (max clamped as the relay clamps it), so the engine
 sees the same grid and its own resize changes nothing. An image that needs no shrinking, or that

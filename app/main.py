@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import AsyncExitStack
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -19,15 +21,17 @@ from app.discovery import Discovery
 from app.documents.workers import Preprocessor
 from app.errors import install_handlers
 from app.images import ChatImages
+from app.jobs.runner import open_jobs
 from app.media import MediaPolicy
 from app.metrics import Metrics
 from app.proxy import Relay
 from app.quotas import Quotas
-from app.routes import chat, health, models, ocr
+from app.routes import chat, health, jobs, models, ocr, ui, usage
 from app.scheduling import Scheduler
 from app.settings import Settings
 from app.state import Gateway, State
 from app.upstream import Upstream
+from app.usage.meter import metering
 
 log = logging.getLogger("ocrvl.main")
 
@@ -58,6 +62,120 @@ def upstream_transport(settings: Settings) -> httpx.AsyncHTTPTransport:
     )
 
 
+def keyring_for(settings: Settings) -> Keyring | None:
+    """The API keys requests must carry, or None (with a warning) when OCRVL_AUTH=off."""
+    if settings.auth == "on":
+        keys = [key.get_secret_value() for key in settings.api_keys]
+        return Keyring(keys, settings.api_keys_file)
+    log.warning("OCRVL_AUTH=off: every request is served without an API key")
+    return None
+
+
+async def backend_pool(
+    settings: Settings, client: httpx.AsyncClient, auth_header: dict[str, str]
+) -> BackendPool:
+    """The engines behind the gateway (expanded by DNS where asked), probed once."""
+    members = None
+    if any(spec.discover for spec in settings.backends):
+        discovery = Discovery(settings.backends, settings.dns_server, settings.connect_timeout)
+        members = discovery.members
+    pool = BackendPool(
+        settings.backends,
+        client,
+        auth_header,
+        timeout=settings.connect_timeout,
+        interval=settings.health_interval,
+        members=members,
+    )
+    await pool.probe_all()
+    if not pool.healthy():
+        log.warning("no backend is healthy yet: %s", pool.problems() or "none configured")
+    return pool
+
+
+def watched_scheduler(
+    settings: Settings, metrics: Metrics, pool: BackendPool, stack: AsyncExitStack
+) -> Scheduler:
+    """The admission scheduler over `pool`, its engines' readings exported until `stack` closes."""
+    scheduler = Scheduler(
+        pool,
+        metrics,
+        enabled=settings.admission == "on",
+        queue_size=settings.queue_size,
+        queue_timeout=settings.queue_timeout,
+    )
+    stack.callback(metrics.registry.unregister, metrics.watch_backends(scheduler.readings))
+    return scheduler
+
+
+def background(stack: AsyncExitStack, work: Coroutine[Any, Any, None]) -> None:
+    """Run `work` as a task until `stack` closes, then cancel it and wait for it."""
+    task = asyncio.create_task(work)
+
+    async def cancel() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    stack.push_async_callback(cancel)
+
+
+async def open_gateway(settings: Settings, metrics: Metrics, stack: AsyncExitStack) -> Gateway:
+    """Open every long-lived object, each closed by `stack` in the reverse order of opening."""
+    keyring = keyring_for(settings)
+    quotas = Quotas.from_settings(settings, keyring, metrics)
+    await quotas.start()
+    stack.push_async_callback(quotas.close)
+    meter = await stack.enter_async_context(metering(settings, keyring, metrics))
+    backend_key = settings.backend_api_key.get_secret_value() if settings.backend_api_key else None
+    auth_header = {"authorization": f"Bearer {backend_key}"} if backend_key else {}
+    transport = upstream_transport(settings)
+    client = await stack.enter_async_context(upstream_client(settings, transport))
+    pool = await backend_pool(settings, client, auth_header)
+    scheduler = watched_scheduler(settings, metrics, pool, stack)
+    background(stack, pool.watch())
+    background(stack, trim_when_idle(scheduler.busy))
+    every, timeout = settings.metrics_interval, settings.connect_timeout
+    background(stack, scheduler.watch(client, auth_header, every, timeout))
+    upstream = Upstream(
+        settings.max_connections, settings.keepalive_expiry, settings.connect_timeout
+    )
+    stack.callback(upstream.close)
+    relay = Relay(
+        upstream,
+        pool,
+        scheduler,
+        backend_key=backend_key,
+        request_timeout=settings.request_timeout,
+        max_pixels=settings.max_pixels,
+        metering=meter is not None,
+    )
+    documents = Preprocessor(settings.preprocess_workers)  # workers start on first use
+    stack.push_async_callback(asyncio.to_thread, documents.close)
+    media = MediaPolicy(settings)
+    stack.push_async_callback(media.aclose)
+    runner = await open_jobs(
+        settings, metrics=metrics, scheduler=scheduler, relay=relay, documents=documents,
+        stack=stack, meter=meter,
+    )  # fmt: skip
+    return Gateway(
+        settings=settings,
+        client=client,
+        pool=pool,
+        scheduler=scheduler,
+        relay=relay,
+        keyring=keyring,
+        metrics=metrics,
+        quotas=quotas,
+        documents=documents,
+        media=media,
+        images=ChatImages(settings, documents),
+        store=runner.store,
+        jobs=runner,
+        usage=meter,
+    )
+
+
 def create_app(settings: Settings) -> FastAPI:
     """Build the gateway for `settings`."""
     logs.configure(settings.log_level)
@@ -65,93 +183,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[State]:
-        keyring = None
-        if settings.auth == "on":
-            keys = [key.get_secret_value() for key in settings.api_keys]
-            keyring = Keyring(keys, settings.api_keys_file)
-        else:
-            log.warning("OCRVL_AUTH=off: every request is served without an API key")
-        quotas = Quotas.from_settings(settings, keyring, metrics)
-        await quotas.start()
-        backend_key = (
-            settings.backend_api_key.get_secret_value() if settings.backend_api_key else None
-        )
-        auth_header = {"authorization": f"Bearer {backend_key}"} if backend_key else {}
-        transport = upstream_transport(settings)
-        async with upstream_client(settings, transport) as client:
-            members = None
-            if any(spec.discover for spec in settings.backends):
-                discovery = Discovery(
-                    settings.backends, settings.dns_server, settings.connect_timeout
-                )
-                members = discovery.members
-            pool = BackendPool(
-                settings.backends,
-                client,
-                auth_header,
-                timeout=settings.connect_timeout,
-                interval=settings.health_interval,
-                members=members,
-            )
-            await pool.probe_all()
-            if not pool.healthy():
-                log.warning("no backend is healthy yet: %s", pool.problems() or "none configured")
-            scheduler = Scheduler(
-                pool,
-                metrics,
-                enabled=settings.admission == "on",
-                queue_size=settings.queue_size,
-                queue_timeout=settings.queue_timeout,
-            )
-            collector = metrics.watch_backends(scheduler.readings)
-            watchers = [
-                asyncio.create_task(pool.watch()),
-                asyncio.create_task(trim_when_idle(scheduler.busy)),
-                asyncio.create_task(
-                    scheduler.watch(
-                        client, auth_header, settings.metrics_interval, settings.connect_timeout
-                    )
-                ),
-            ]
-            upstream = Upstream(
-                settings.max_connections, settings.keepalive_expiry, settings.connect_timeout
-            )
-            relay = Relay(
-                upstream,
-                pool,
-                scheduler,
-                backend_key=backend_key,
-                request_timeout=settings.request_timeout,
-                max_pixels=settings.max_pixels,
-            )
-            documents = Preprocessor(settings.preprocess_workers)  # workers start on first use
-            media = MediaPolicy(settings)
-            try:
-                yield State(
-                    gateway=Gateway(
-                        settings=settings,
-                        client=client,
-                        pool=pool,
-                        scheduler=scheduler,
-                        relay=relay,
-                        keyring=keyring,
-                        metrics=metrics,
-                        quotas=quotas,
-                        documents=documents,
-                        media=media,
-                        images=ChatImages(settings, documents),
-                    )
-                )
-            finally:
-                upstream.close()
-                await media.aclose()
-                await asyncio.to_thread(documents.close)
-                await quotas.close()
-                metrics.registry.unregister(collector)
-                for watcher in watchers:
-                    watcher.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await watcher
+        async with AsyncExitStack() as stack:
+            yield State(gateway=await open_gateway(settings, metrics, stack))
 
     app = FastAPI(
         title="PaddleOCR-VL gateway",
@@ -161,7 +194,12 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
     )
     install_handlers(app)
-    for router in (chat.router, ocr.router, models.router, health.router):
+    routers = [chat.router, ocr.router, jobs.router, usage.router, models.router, health.router]
+    routers += ui.routers(settings)  # the /ui page, unless OCRVL_UI=off
+    for router in routers:
         app.include_router(router)
-    app.add_middleware(RequestContextMiddleware, metrics=metrics)  # also the quotas' release
+    # also the quotas' release; the route labels come from the routes these routers declare
+    # (FastAPI 0.165 nests included routers in app.routes): app/context.py
+    routes = [*app.routes, *(route for router in routers for route in router.routes)]
+    app.add_middleware(RequestContextMiddleware, metrics=metrics, routes=routes)
     return app

@@ -23,7 +23,7 @@ import httpx
 from app.chat import ChatRequest, content_parts
 from app.documents.errors import DocumentError
 from app.documents.sniff import sniff
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, clip
 from app.settings import Settings
 
 MAX_REDIRECTS = 3
@@ -261,7 +261,7 @@ def _sniffed(data: bytes, url: str, param: str) -> Any:
 
 
 def _short(url: str) -> str:
-    return url if len(url) <= 100 else url[:97] + "..."
+    return clip(url)  # a data: URL may be megabytes
 
 
 def _refused(param: str, url: str, why: str) -> InvalidRequest:

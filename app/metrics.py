@@ -91,6 +91,13 @@ class Metrics:
             ["key", "limit"],
             registry=self.registry,
         )
+        # usage per key (ocrvl_usage_*) is exported by app/usage's own collector
+        self.budget_refused = Counter(
+            "ocrvl_budget_refused",
+            "Requests answered 429 insufficient_quota, by key name and budget (day, month).",
+            ["key", "budget"],
+            registry=self.registry,
+        )
 
     def watch_backends(self, read: BackendReadings) -> Collector:
         """Export per-backend load and capacity, read from `read` at each scrape; the lifespan

@@ -28,7 +28,9 @@ from app.errors import (
 )
 from app.guard import Guarded
 from app.scheduling import Lease, Scheduler
-from app.upstream import Upstream, UpstreamResponse
+from app.scheduling.pages import widened
+from app.upstream import Body, Upstream, UpstreamResponse
+from app.usage.reading import StreamUsage, ask_for_usage, count_answer, spliced
 
 ERROR_BODY_LIMIT = 64 * 1024  # enough for any vLLM error; a runaway body is cut
 # vLLM writes compact JSON; a byte search finds a cut-off answer without parsing the body.
@@ -50,6 +52,7 @@ class Relay:
         backend_key: str | None,
         request_timeout: float,
         max_pixels: int,
+        metering: bool = True,
     ) -> None:
         self._upstream = upstream
         self._pool = pool
@@ -57,33 +60,42 @@ class Relay:
         self._auth = {"authorization": f"Bearer {backend_key}"} if backend_key else {}
         self._timeout = request_timeout
         self._max_pixels = max_pixels
+        self._metering = metering  # read each answer's usage (app/usage); off: OCRVL_USAGE=off
 
     async def complete(
         self, chat: ChatRequest, served: str, context: RequestContext, receive: Receive
     ) -> Response:
         """Relay `chat` and answer with the backend's response, streamed or whole."""
         deadline = time.monotonic() + self._timeout - context.elapsed()
+        ask = ask_for_usage(chat) if self._metering else None  # a stream's usage chunk
         async with Guarded(receive, deadline, self._timeout, context):
-            lease, upstream, head, rest = await self._answer(chat, served, context)
+            lease, upstream, head, rest = await self._answer(chat, served, context, ask is True)
             if rest is not None:  # a stream: from here it guards itself
+                context.answered += 1
+                usage = StreamUsage(context, strip=ask is not None) if self._metering else None
                 return RelayStream(
-                    upstream, (head, rest), lease, context, deadline=deadline, timeout=self._timeout
-                )
+                    upstream, (head, rest), lease, context, deadline=deadline,
+                    timeout=self._timeout, usage=usage,
+                )  # fmt: skip
         context.truncated = TRUNCATED in head
+        if self._metering:
+            count_answer(context, head)
         media_type = upstream.headers.get("content-type", "application/json")
         return Response(head, status_code=upstream.status_code, media_type=media_type)
 
     async def _answer(
-        self, chat: ChatRequest, served: str, context: RequestContext
+        self, chat: ChatRequest, served: str, context: RequestContext, splice: bool = False
     ) -> tuple[Lease, UpstreamResponse, bytes, AsyncIterator[bytes] | None]:
         """The upstream response and its first bytes: the whole body, or a stream's first chunk.
 
         Until then nothing has reached the client, so a backend that refuses the connection, or
         breaks before answering (killed, restarted), costs the client nothing: the request moves
         to another backend (a broken answer is replayed once: a page that crashes engines must
-        not take them all down). A non-streaming answer's slot is released here.
+        not take them all down). A non-streaming answer's slot is released here. `splice`: the
+        body is to ask for the usage chunk (`ask_for_usage`).
         """
-        body = chat.take_body(served, self._max_pixels)
+        raw = chat.take_body(served, self._max_pixels)
+        body: Body = spliced(raw) if splice else raw
         headers = {
             "content-type": "application/json",
             "accept": "text/event-stream" if chat.stream else "application/json",
@@ -95,6 +107,7 @@ class Relay:
         replays = 0
         while True:
             lease = await self._admit(served, context, frozenset(tried), failures)
+            lease = widened(lease, self._scheduler, chat.pages)
             backend = lease.backend
             context.backend = backend.url
             upstream = None
@@ -139,7 +152,7 @@ class Relay:
         raise self._pool.unavailable(f"no healthy backend serves {served!r}")
 
     async def _send(
-        self, backend: Backend, body: bytes, headers: dict[str, str], context: RequestContext
+        self, backend: Backend, body: Body, headers: dict[str, str], context: RequestContext
     ) -> UpstreamResponse:
         started = time.perf_counter()
         try:
@@ -160,6 +173,7 @@ class RelayStream(Response):
         *,
         deadline: float,
         timeout: float,
+        usage: StreamUsage | None = None,
     ) -> None:
         self.status_code = upstream.status_code
         self.background = None
@@ -177,6 +191,7 @@ class RelayStream(Response):
         self._deadline = deadline
         self._timeout = timeout
         self._ended = False  # the last chunk went out as the end of the body
+        self._usage = usage  # reads the usage event (and takes it out if the gateway asked)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         error: GatewayError | None
@@ -210,7 +225,11 @@ class RelayStream(Response):
         while True:
             if TRUNCATED in chunk:
                 self._context.truncated = True
+            if self._usage is not None:
+                chunk = self._usage.feed(chunk)
             if self._upstream.drained():
+                if self._usage is not None:
+                    chunk += self._usage.rest()
                 await send({"type": "http.response.body", "body": chunk, "more_body": False})
                 self._ended = True
                 await anext(chunks, None)  # ends the iterator here, not in a finalizer task
@@ -221,6 +240,8 @@ class RelayStream(Response):
             try:
                 chunk = await anext(chunks)
             except StopAsyncIteration:
+                if self._usage is not None and (held := self._usage.rest()):
+                    await send({"type": "http.response.body", "body": held, "more_body": True})
                 return None
             except httpx.HTTPError as exc:
                 self._context.upstream_error = "stream_broken"

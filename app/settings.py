@@ -119,7 +119,7 @@ class Settings(BaseSettings):
         default=300.0,
         gt=0,
         description="Seconds a request may wait for a slot before a 503; a request whose "
-        "expected wait (queue ahead / observed service rate) is longer is shed at once.",
+        "expected wait (queue ahead / the backends' drain rate) is longer is shed at once.",
     )
     metrics_interval: float = Field(
         default=1.0,
@@ -170,7 +170,8 @@ class Settings(BaseSettings):
         description="on: a chat image whose request carries min/max pixels in "
         "mm_processor_kwargs (PaddleOCR's client always sends them) is resized in the page "
         "workers to the size vLLM's processor would pick, so vLLM's API server does half the "
-        "work per page (bench.renderer); off: images go as the client sent them.",
+        "work per page (bench/results/renderer-2026-12-01.md); off: images go as the client "
+        "sent them.",
     )
     media_max_bytes: int = Field(default=20 * MiB, gt=0)
     media_fetch_timeout: float = Field(default=10.0, gt=0, description="Seconds for one fetch.")
@@ -194,11 +195,105 @@ class Settings(BaseSettings):
         description="redis://[:PASSWORD@]HOST:PORT[/DB] (or rediss://): replicas share their "
         "per-key limits there; unset or unreachable: each replica counts alone, in memory.",
     )
+    # -- usage per key (docs/operations.md, Usage; budgets in docs/limits.md) --
+    usage: Literal["on", "off"] = Field(
+        default="on",
+        description="on: requests, pages and tokens are counted per key (Prometheus, the store, "
+        "GET /v1/usage) and page budgets apply; off: none of it (no budget is enforced).",
+    )
+    usage_flush_interval: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="Seconds between writes of the usage counts to the store: a gateway that "
+        "dies loses at most this long of counts (reserved budget pages excepted).",
+    )
+    ui: Literal["on", "off"] = Field(
+        default="on",
+        description="on: `GET /ui` serves the page to try documents on (docs/ui.md); "
+        "off: no such route (404).",
+    )
+    # -- document jobs (docs/ocr.md, Jobs) --
+    data_dir: Path = Field(
+        default=Path("data"),
+        description="Folder of the job store (SQLite file and documents) when OCRVL_REDIS_URL "
+        "is unset: a compose volume or a Kubernetes PVC.",
+    )
+    job_ttl: float = Field(
+        default=86_400.0, gt=0, description="Seconds a job's results are kept after it ends."
+    )
+    job_max_pages: int = Field(default=5000, gt=0, description="Pages one job may ask for.")
+    job_max_file_bytes: int = Field(
+        default=200 * MiB, gt=0, description="Size cap of a job's file."
+    )
+    job_max_active: int = Field(
+        default=8, gt=0, description="Jobs queued or running per key; one more is a 429."
+    )
+    job_max_stored_bytes: int = Field(
+        default=10 * 1024 * MiB,
+        gt=0,
+        description="Documents' bytes the store may hold (all keys); past it a new job is a 503.",
+    )
+    job_concurrency: int = Field(default=2, gt=0, description="Jobs one gateway runs at once.")
+    job_page_concurrency: int = Field(
+        default=8, gt=0, description="Pages of one job in flight at once (background lane)."
+    )
+    job_lease: float = Field(
+        default=15.0,
+        gt=0,
+        description="Seconds a gateway's claim on a job lasts unrenewed: after a crash, another "
+        "replica takes the job over this long after the last renewal.",
+    )
+    webhook_secret: SecretStr | None = Field(
+        default=None,
+        description="Standard Webhooks secret (`whsec_` + base64) that signs job callbacks; "
+        "unset: `callback_url` is refused.",
+    )
+    webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Callback hosts exempt from the address rules (e.g. an in-cluster "
+        "receiver), comma-separated; every other host must resolve to public addresses.",
+    )
+    # -- request policy: what a client may make vLLM do (app/policy.py, docs/clients.md) --
+    max_n: int = Field(
+        default=1,
+        ge=1,
+        description="Most `n` (sequences per request, also the beam width); a request with n > 1 "
+        "counts as n pages in admission and in every per-key limit.",
+    )
+    max_logprobs: int = Field(
+        default=20, ge=0, description="Most top_logprobs, prompt_logprobs, logprob_token_ids."
+    )
+    max_stop_strings: int = Field(
+        default=4, ge=0, description="Most `stop` strings (and `bad_words`) per request."
+    )
+    max_stop_length: int = Field(
+        default=64, ge=1, description="Most characters per `stop` string (and `bad_words` entry)."
+    )
+    structured_outputs: Literal["on", "off"] = Field(
+        default="off",
+        description="on: grammars (structured_outputs, response_format json_schema/json_object/"
+        "structural_tag, tools, legacy guided_*) reach vLLM within the two caps below; off: 400 "
+        "structured_outputs_disabled (adversarial grammars have crashed and hung vLLM).",
+    )
+    structured_max_bytes: int = Field(
+        default=16384, gt=0, description="Most bytes of one schema, regex, grammar or choice list."
+    )
+    structured_max_depth: int = Field(
+        default=16, gt=0, description="Most nesting of a schema (objects/arrays) or of a regex."
+    )
+    pass_fields: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated request fields passed unchanged that the policy would refuse "
+        "(a newer vLLM's field, or an operator-only one for trusted clients).",
+    )
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    @field_validator("api_keys", "allowed_media_domains", mode="before")
+    @field_validator(
+        "api_keys", "allowed_media_domains", "webhook_allowed_hosts", "pass_fields", mode="before"
+    )
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return _split_csv(value)

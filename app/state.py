@@ -13,12 +13,15 @@ from app.backends import BackendPool
 from app.context import RequestContext
 from app.documents.workers import Preprocessor
 from app.images import ChatImages
+from app.jobs.runner import Runner
 from app.media import MediaPolicy
 from app.metrics import Metrics
 from app.proxy import Relay
 from app.quotas import Quotas
 from app.scheduling import Scheduler
 from app.settings import Settings
+from app.store import Store
+from app.usage.meter import Meter
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,9 @@ class Gateway:
     documents: Preprocessor  # the page preprocessing process pool (/v1/ocr)
     media: MediaPolicy  # remote image URLs: refused, or fetched under the SSRF rules
     images: ChatImages  # chat images resized in the page workers (OCRVL_RESIZE_IMAGES)
+    store: Store  # jobs, their pages and documents (SQLite in OCRVL_DATA_DIR, or Redis)
+    jobs: Runner  # runs the store's jobs in the background lane
+    usage: Meter | None  # usage per key and page budgets (None: OCRVL_USAGE=off)
 
 
 class State(TypedDict):

@@ -29,6 +29,10 @@ import httpx
 READ_HIGH_WATER = 256 * 1024  # buffered answer bytes before the socket stops being read
 
 
+# A request body: bytes, or pieces written one after the other (no copy to join them)
+Body = bytes | tuple[bytes | memoryview, ...]
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection and the answer being read on it."""
 
@@ -184,7 +188,7 @@ class Upstream:
         self._connect_timeout = connect_timeout
 
     async def post(
-        self, base_url: str, path: str, headers: dict[str, str], body: bytes
+        self, base_url: str, path: str, headers: dict[str, str], body: Body
     ) -> UpstreamResponse:
         """Send a POST and return once the answer's head is in.
 
@@ -195,30 +199,31 @@ class Upstream:
         if split.scheme != "http" or split.hostname is None:
             raise httpx.UnsupportedProtocol(f"the relay speaks plain http; got {base_url}")
         key = (split.hostname, split.port or 80)
-        head = _head(path, split.netloc, headers, len(body))
+        pieces = (body,) if isinstance(body, bytes) else body
+        head = _head(path, split.netloc, headers, sum(len(piece) for piece in pieces))
         await self._slots.acquire()
         try:
             connection, reused = self._idle_connection(key), True
             if connection is None:
                 connection, reused = await self._connect(key), False
             try:
-                return await self._exchange(connection, head, body)
+                return await self._exchange(connection, head, pieces)
             except (httpx.RemoteProtocolError, httpx.WriteError):
                 if not reused or connection.started:
                     raise
-            return await self._exchange(await self._connect(key), head, body)
+            return await self._exchange(await self._connect(key), head, pieces)
         except BaseException:
             self._slots.release()
             raise
 
     async def _exchange(
-        self, connection: _Connection, head: bytes, body: bytes
+        self, connection: _Connection, head: bytes, pieces: tuple[bytes | memoryview, ...]
     ) -> UpstreamResponse:
         transport = connection.transport
         assert transport is not None  # noqa: S101 (connected)
         try:
             try:
-                transport.writelines((head, body))
+                transport.writelines((head, *pieces))
             except (RuntimeError, OSError) as exc:  # the transport closed under us
                 raise httpx.WriteError(str(exc) or type(exc).__name__) from None
             await connection.head_done

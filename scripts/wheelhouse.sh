@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Fill wheelhouse/ with wheels of the gateway's runtime dependencies (pyproject.toml's
-# `dependencies`) and its build backend, for `docker build --build-arg PIP_NO_INDEX=1`: a build
-# that reaches no package index (a TLS-intercepting proxy, an offline engine).
+# Fill wheelhouse/ with the wheels of locks/gateway.txt (the gateway's runtime pins) and
+# locks/build.txt (its build backend), hashes checked, for `docker build --build-arg
+# PIP_NO_INDEX=1`: a build that reaches no package index (a TLS-intercepting proxy, an offline
+# engine). The image installs exactly these pins, so the wheels are exactly these.
 #
 #   scripts/wheelhouse.sh [PYTHON]
 #
-# PYTHON (default python3) must be the image's CPython version down to the patch level when a
-# dependency has markers such as `python_full_version < "3.11.3"` (redis does): the wheels are
-# resolved in a throwaway venv of that interpreter, through whatever index and proxy pip uses
-# on this machine.
+# PYTHON (default python3) must be the image's CPython version down to the patch level: the
+# lock's markers choose per interpreter (redis needs async-timeout below 3.11.3), and pip
+# evaluates them for the throwaway venv of that interpreter the wheels are fetched in, through
+# whatever index and proxy pip uses on this machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${1:-${PYTHON:-python3}}
@@ -16,9 +17,5 @@ venv=$(mktemp -d)
 trap 'rm -rf "$venv"' EXIT
 "$python" -m venv "$venv"
 rm -f wheelhouse/*.whl
-"$venv/bin/pip" wheel --quiet --disable-pip-version-check --wheel-dir wheelhouse .
-requires=$("$venv/bin/python" -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"])')
-# shellcheck disable=SC2086
 "$venv/bin/pip" download --quiet --disable-pip-version-check --only-binary :all: \
-    --dest wheelhouse $requires
-rm -f wheelhouse/paddleocr_vl_server-*.whl  # the image builds the project from its sources
+    --require-hashes --dest wheelhouse -r locks/gateway.txt -r locks/build.txt

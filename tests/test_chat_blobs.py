@@ -10,7 +10,7 @@ import os
 import orjson
 import pytest
 
-from app import chat
+from app import chat, policy
 from app.errors import InvalidRequest
 
 IMAGE = "data:image/jpeg;base64," + base64.b64encode(os.urandom(30_000)).decode()
@@ -46,30 +46,38 @@ def test_the_image_is_left_out_of_the_parsed_form() -> None:
 
 
 @pytest.mark.parametrize(
-    "fields",
-    [{}, {"chat_template": "x"}, {"mm_processor_kwargs": {"max_pixels": 10**8}}],
-    ids=["alias", "stripped-field", "clamped-pixels"],
+    ("fields", "priority"),
+    [({}, None), ({}, 5), ({"mm_processor_kwargs": {"max_pixels": 10**8}}, None)],
+    ids=["alias", "gateway-edit", "clamped-pixels"],
 )
-def test_a_rewritten_body_carries_the_original_image_bytes(fields: dict[str, object]) -> None:
-    """Alias rewrite, stripped fields, clamped pixels: the body sent is the full request with
-    the served name, and the image is byte for byte the client's."""
+def test_a_rewritten_body_carries_the_original_image_bytes(
+    fields: dict[str, object], priority: int | None
+) -> None:
+    """Alias rewrite, a gateway edit (policy.with_priority), clamped pixels: the body sent is the
+    full request with the served name, and the image is byte for byte the client's."""
     raw = body(**fields)
-    sent = chat.parse(raw).for_backend("served-name", 1_003_520)
+    parsed = chat.parse(raw)
+    if priority is not None:
+        policy.with_priority(parsed, priority)
+    sent = parsed.for_backend("served-name", 1_003_520)
     decoded = orjson.loads(sent)
     assert decoded["model"] == "served-name"
     assert decoded["messages"][0]["content"][0]["image_url"]["url"] == IMAGE
-    assert "chat_template" not in decoded
+    assert decoded.get("priority") == priority
     assert decoded["mm_processor_kwargs"]["max_pixels"] <= 1_003_520
     assert IMAGE.encode() in sent
 
 
-def test_an_image_in_a_dropped_field_disappears_cleanly() -> None:
-    """A long data: string inside a stripped field goes with the field; the rest stays valid."""
-    raw = body(chat_template=IMAGE)
-    sent = chat.parse(raw).for_backend("served-name", 1_003_520)
+def test_an_image_replaced_in_the_payload_disappears_cleanly() -> None:
+    """A placeholder the payload no longer holds (the image was replaced, as a resize does)
+    leaves no trace of the original image; the rest stays valid."""
+    parsed = chat.parse(body())
+    parsed.payload["messages"][0]["content"][0]["image_url"]["url"] = "data:image/png;base64,AA"
+    parsed.edited = True
+    sent = parsed.for_backend("PaddleOCR-VL-1.6-0.9B", 1_003_520)
     decoded = orjson.loads(sent)
-    assert "chat_template" not in decoded
-    assert decoded["messages"][0]["content"][0]["image_url"]["url"] == IMAGE
+    assert decoded["messages"][0]["content"][0]["image_url"]["url"] == "data:image/png;base64,AA"
+    assert IMAGE.encode() not in sent
 
 
 def test_a_data_string_with_escaped_quotes_is_parsed_whole() -> None:

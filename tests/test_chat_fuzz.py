@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app import chat
+from app import chat, policy
 from app.errors import InvalidRequest
 from app.main import create_app
 from tests.conftest import CLIENT_KEY, settings_for
@@ -26,6 +26,10 @@ JSON = st.recursive(
     ),
     max_leaves=20,
 )
+POLICY_FIELDS = (
+    "n", "stop", "top_logprobs", "response_format", "structured_outputs", "tools", "tool_choice",
+    "guided_regex", "priority", "max_completion_tokens", "logit_bias",
+)  # fmt: skip
 MESSAGE = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "system", "assistant"]) | JSON},
     optional={"content": JSON},
@@ -41,8 +45,11 @@ CHATS = st.fixed_dictionaries(
             st.sampled_from(["min_pixels", "max_pixels"]), st.integers() | JSON
         ),
         "max_tokens": st.integers(min_value=1, max_value=64),
+        # the request policy's fields (app/policy.py): passed, capped or refused, never a 5xx
+        **dict.fromkeys(POLICY_FIELDS, st.integers(min_value=-2, max_value=5000) | JSON),
     },
 )
+POLICY_SETTINGS = settings_for("http://127.0.0.1:9")
 
 
 @given(st.binary(max_size=300) | JSON.map(lambda value: json.dumps(value).encode()))
@@ -64,14 +71,14 @@ def test_parse_accepts_or_names_the_problem(raw: bytes) -> None:
 
 @given(CHATS)
 def test_relayed_bodies_are_clean_json(payload: dict[str, Any]) -> None:
-    """What goes upstream is JSON with the served name, no steering field, pixels capped."""
+    """What goes upstream is JSON with the served name, no operator-only field, pixels capped."""
     try:
-        parsed = chat.parse(json.dumps(payload).encode())
+        parsed = policy.apply(chat.parse(json.dumps(payload).encode()), POLICY_SETTINGS, None)
     except InvalidRequest:
         return
     upstream = orjson.loads(parsed.for_backend(SERVED, 1_003_520))
     assert upstream["model"] == SERVED
-    assert not set(chat.STRIPPED) & set(upstream)
+    assert not set(policy.OPERATOR) & set(upstream)
     pixels = upstream.get("mm_processor_kwargs")
     if isinstance(pixels, dict):
         for value in pixels.values():

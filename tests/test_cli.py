@@ -61,14 +61,15 @@ def test_keys_limits_are_created_edited_and_listed(tmp_path: Path) -> None:
     assert run("keys", "set", "team", "--rpm", "0", "--file", path).returncode == 0
     assert run("keys", "set", "team", "--concurrency", "default", "--file", path).returncode == 0
     listing = run("keys", "list", "--file", path)
-    assert listing.stdout.splitlines()[1].split() == ["team", "unlimited", "default"]
+    shown = ["team", "unlimited", "default", "none", "none"]  # the budgets: none set
+    assert listing.stdout.splitlines()[1].split() == shown
     assert json.loads(Path(path).read_text())["keys"][0]["sha256"] not in listing.stdout
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("set", "team"), "give --rpm and/or --concurrency"),
+        (("set", "team"), "give --rpm, --concurrency, --pages-per-day or --pages-per-month"),
         (("set", "team", "--rpm", "-5"), "expected a number >= 0 or 'default'"),
         (("create", "new", "--rpm", "default"), "expected a number >= 0"),
         (("set", "ghost", "--rpm", "1"), "no key named 'ghost'"),

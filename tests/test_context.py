@@ -71,4 +71,10 @@ async def test_metrics_count_requests_latency_overhead_and_upstream_errors(
     assert 'ocrvl_gateway_overhead_seconds_count{route="/v1/chat/completions"} 2.0' in text
     assert 'ocrvl_upstream_errors_total{kind="status_5xx"} 1.0' in text
     assert "ocrvl_requests_in_flight 0.0" in text
-    assert SERVED not in text  # no model or key labels: bounded cardinality
+    # no model or key labels on the request families (bounded cardinality); only the usage
+    # counters carry them, by key name and served model, both from the gateway's own lists
+    usage = [line for line in text.splitlines() if line.startswith("ocrvl_usage_")]
+    others = [line for line in text.splitlines() if not line.startswith("ocrvl_usage_")]
+    assert not [line for line in others if SERVED in line]
+    assert all('key="env#1"' in line for line in usage if "{" in line)
+    assert "sk-" not in text  # a key itself never

@@ -49,6 +49,7 @@ class OcrJob:
     task: str
     model: str  # the served name
     max_tokens: int | None
+    page_images: bool = False  # each PageResult carries the page's JPEG data URL (`image`)
 
 
 @dataclass(slots=True)
@@ -61,6 +62,7 @@ class PageResult:
     usage: dict[str, Any] | None = None
     html: str | None = None
     error: GatewayError | None = field(default=None, repr=False)
+    image: str | None = field(default=None, repr=False)  # the page the model read (data URL)
 
     def as_dict(self) -> dict[str, Any]:
         """The page as the API shows it (`error` in OpenAI's shape, only when it failed)."""
@@ -70,6 +72,8 @@ class PageResult:
             "finish_reason": self.finish_reason,
             "usage": self.usage,
         }
+        if self.image is not None:
+            shown["image"] = self.image
         if self.html is not None:
             shown["html"] = self.html
         if self.error is not None:
@@ -158,6 +162,8 @@ async def _page(
             page_request(job, rendered), job.model, context, disconnect.receive
         )
         result = _read_answer(number, bytes(response.body), job.task)
+        if job.page_images:
+            result.image = rendered.url
     except DocumentError as exc:
         return PageResult(number, error=exc.as_gateway_error())
     except GatewayError as exc:

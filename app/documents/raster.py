@@ -13,6 +13,7 @@ import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_raw
@@ -21,7 +22,10 @@ from PIL import Image, UnidentifiedImageError
 from app.documents import resize
 from app.documents.errors import DocumentError
 from app.documents.selection import PageSelection, resolve
-from app.documents.sniff import FileKind
+from app.documents.sniff import FileKind, sniff
+
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 IMAGE_FORMATS = resize.IMAGE_FORMATS
 POINTS_PER_INCH = 72
@@ -37,6 +41,15 @@ class Source:
     min_pixels: int
     max_pixels: int
     max_page_pixels: int
+
+    @classmethod
+    def sniffed(cls, path: str, head: bytes, dpi: int, settings: Settings) -> Source:
+        """The spooled file at `path` (its first bytes `head`), read at `dpi` under the
+        gateway's pixel caps; DocumentError when it is no image or PDF."""
+        return cls(
+            path, sniff(head), dpi, settings.ocr_min_pixels, settings.max_pixels,
+            settings.max_page_pixels,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

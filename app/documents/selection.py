@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.documents.errors import DocumentError
+from app.errors import quoted
 
 EXAMPLE = 'page numbers from 1 and ranges, comma-separated, e.g. "1-3,7"'
 
@@ -28,11 +29,12 @@ class PageSelection:
                 end = (int(last) if last.strip() else None) if dash else start
             except ValueError:
                 raise DocumentError(
-                    f"`pages` must be {EXAMPLE}; got {text!r}", "invalid_pages", "pages"
+                    f"`pages` must be {EXAMPLE}; got {quoted(text)}", "invalid_pages", "pages"
                 ) from None
             if start < 1 or (end is not None and end < start):
                 raise DocumentError(
-                    f"`pages` ranges start at 1 and do not run backwards; got {part.strip()!r}",
+                    "`pages` ranges start at 1 and do not run backwards; "
+                    f"got {quoted(part.strip())}",
                     "invalid_pages",
                     "pages",
                 )

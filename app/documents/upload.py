@@ -23,7 +23,7 @@ from app.bodies import capped
 from app.documents.errors import DocumentError
 from app.documents.fanout import PROMPTS
 from app.documents.selection import PageSelection
-from app.errors import InvalidRequest, Overloaded, PayloadTooLarge
+from app.errors import InvalidRequest, Overloaded, PayloadTooLarge, quoted
 
 DEFAULT_DPI = 144  # PaddleOCR's PDF reader renders at 2x 72 dpi
 DPI_RANGE = (36, 600)
@@ -42,6 +42,8 @@ class OcrOptions:
     max_tokens: int | None = None
     model: str | None = None
     stream: bool = False
+    page_images: bool = False  # each page's answer carries the image the model read
+    callback_url: str | None = None  # jobs only (app/jobs/webhook.py checks it)
 
 
 @dataclass(slots=True)
@@ -76,7 +78,12 @@ async def read_upload(request: Request, max_file_bytes: int) -> Upload:
                 "`file` is required: a form field with the image or PDF", param="file"
             )
         fields = {k: v for k, v in form.multi_items() if isinstance(v, str)}
-        return Upload(parse_options(fields), upload=upload)
+        try:
+            options = parse_options(fields)
+        except Exception:  # a bad option: the route never sees the spooled upload to close it
+            await form.close()
+            raise
+        return Upload(options, upload=upload)
     if content_type.startswith("application/json"):
         limit = max_file_bytes * 4 // 3 + JSON_OVERHEAD  # base64 is 4/3 of the file
         raw = b"".join([chunk async for chunk in _limited(request, limit)])
@@ -123,7 +130,7 @@ def parse_options(fields: dict[str, Any]) -> OcrOptions:
     task = str(fields.get("task") or "ocr")
     if task not in PROMPTS:
         raise InvalidRequest(
-            f"`task` must be one of {', '.join(PROMPTS)}; got {task!r}", param="task"
+            f"`task` must be one of {', '.join(PROMPTS)}; got {quoted(task)}", param="task"
         )
     pages = fields.get("pages")
     if pages is not None and not isinstance(pages, str | int):
@@ -137,7 +144,13 @@ def parse_options(fields: dict[str, Any]) -> OcrOptions:
     model = fields.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         raise InvalidRequest("`model` must be a non-empty string", param="model")
-    return OcrOptions(task, selection, dpi, max_tokens, model, _boolean(fields, "stream"))
+    callback_url = fields.get("callback_url") or None
+    if callback_url is not None and not isinstance(callback_url, str):
+        raise InvalidRequest("`callback_url` must be a URL string", param="callback_url")
+    return OcrOptions(
+        task, selection, dpi, max_tokens, model, _boolean(fields, "stream"),
+        _boolean(fields, "page_images"), callback_url,
+    )  # fmt: skip
 
 
 def _integer(
@@ -147,7 +160,7 @@ def _integer(
     if value is None or value == "":
         return default
     bad = InvalidRequest(
-        f"`{name}` must be an integer from {low} to {high}; got {value!r}", param=name
+        f"`{name}` must be an integer from {low} to {high}; got {quoted(value)}", param=name
     )
     if isinstance(value, bool | float):
         raise bad
@@ -166,7 +179,7 @@ def _boolean(fields: dict[str, Any], name: str) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", ""):
         return value.lower() in ("true", "1")
-    raise InvalidRequest(f"`{name}` must be true or false; got {value!r}", param=name)
+    raise InvalidRequest(f"`{name}` must be true or false; got {quoted(value)}", param=name)
 
 
 def _limited(request: Request, limit: int) -> AsyncGenerator[bytes]:

@@ -11,11 +11,18 @@ from typing import Any
 from app.profiles import PROFILES_DIR, ROOT
 from app.profiles.checks import Checker
 from app.profiles.detection import DetectionError, match, query
+from app.profiles.engines import plan_engines
 from app.profiles.gpus import CARDS, card_for_profile
 from app.profiles.images import TargetError, load_targets
 from app.profiles.memory import DTYPE_BYTES, derive, plan
-from app.profiles.reports import describe, yaml_block
-from app.profiles.shapes import DEFAULT_CONFIG, GiB, ShapeError, load_shape
+from app.profiles.reports import (
+    describe,
+    describe_engines,
+    engines_block,
+    engines_env,
+    yaml_block,
+)
+from app.profiles.shapes import DEFAULT_CONFIG, GiB, ModelShape, ShapeError, load_shape
 
 PLAN_DTYPES = ("bfloat16", "float16", "float32")
 
@@ -34,6 +41,8 @@ def _plan(args: argparse.Namespace) -> int:
         )
         return 2
     total = card.memory_bytes if card else int(args.gpu_mem_gib * GiB)
+    if args.engines_per_gpu != 1 or args.env:
+        return _plan_engines(args, shape, total, geforce=card.geforce if card else False)
     limits = derive(
         total,
         shape,
@@ -46,6 +55,37 @@ def _plan(args: argparse.Namespace) -> int:
     limits = replace(limits, dtype_bytes=DTYPE_BYTES[args.dtype])
     result = plan(shape, limits, total)
     print(yaml_block(result, shape) if args.yaml else describe(result, shape))
+    return 1 if result.errors else 0
+
+
+def _plan_engines(args: argparse.Namespace, shape: ModelShape, total: int, *, geforce: bool) -> int:
+    """`plan --engines-per-gpu N`: the share, KV cache and max-num-seqs of each of N engines."""
+    if args.engines_per_gpu < 1 or (args.env and args.engines_per_gpu < 2):
+        print(
+            "ocrvl profile plan: --engines-per-gpu must be 1 or more (2 or more with --env)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.utilization is not None or args.max_num_seqs is not None:
+        print(
+            "ocrvl profile plan: with --engines-per-gpu the share and max-num-seqs of each "
+            "engine are planned; leave out --utilization and --max-num-seqs",
+            file=sys.stderr,
+        )
+        return 2
+    result = plan_engines(
+        shape,
+        total,
+        args.engines_per_gpu,
+        geforce=geforce,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        dtype_bytes=DTYPE_BYTES[args.dtype],
+    )
+    if args.env:
+        sys.stdout.write(engines_env(result, args.profile or f"{args.gpu_mem_gib:g}gib"))
+    else:
+        print(engines_block(result) if args.yaml else describe_engines(result, shape))
     return 1 if result.errors else 0
 
 
@@ -119,8 +159,21 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     plan_parser.add_argument("--utilization", type=float, help="gpu-memory-utilization")
     plan_parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
     plan_parser.add_argument("--dtype", choices=PLAN_DTYPES, default="bfloat16")
+    plan_parser.add_argument(
+        "--engines-per-gpu",
+        type=int,
+        default=1,
+        metavar="N",
+        help="plan N engines sharing the card under MPS (default 1: the profile itself)",
+    )
     _add_model_config(plan_parser)
-    plan_parser.add_argument("--yaml", action="store_true", help="print the profile's YAML block")
+    output = plan_parser.add_mutually_exclusive_group()
+    output.add_argument("--yaml", action="store_true", help="print the profile's YAML block")
+    output.add_argument(
+        "--env",
+        action="store_true",
+        help="with --engines-per-gpu 2: print compose/mps/<profile>.env (each engine's flags)",
+    )
     plan_parser.set_defaults(func=_plan)
 
     detect_parser = actions.add_parser("detect", help="print the profile path for each GPU")

@@ -10,7 +10,12 @@ MiB = 1024**2
 
 @dataclass(frozen=True)
 class Card:
-    """A GPU class a profile is sized for; `memory_mib` is nvidia-smi's `memory.total`."""
+    """A GPU class a profile is sized for; `memory_mib` is nvidia-smi's `memory.total`.
+
+    `engines_per_gpu` is how many engines the class should run (two under MPS where one engine
+    leaves the GPU idle); `engines_measured` says whether that was measured on such a card or
+    is modelled (the profile's header gives the grounds either way).
+    """
 
     profile: str
     name: str
@@ -18,6 +23,8 @@ class Card:
     memory_mib: int
     compute_capability: float
     geforce: bool = False
+    engines_per_gpu: int = 1
+    engines_measured: bool = False
 
     @property
     def memory_bytes(self) -> int:
@@ -48,8 +55,16 @@ CARDS: tuple[Card, ...] = (
     Card("l4-24gb", "NVIDIA L4", r"\bL4\b", 23034, 8.9),
     Card("a100-40gb", "NVIDIA A100 40GB", r"\bA100\b", 40960, 8.0),
     Card("a100-80gb", "NVIDIA A100 80GB", r"\bA100\b", 81920, 8.0),
-    Card("h100-80gb", "NVIDIA H100 80GB", r"\bH100\b", 81559, 9.0),
-    Card("h200-141gb", "NVIDIA H200", r"\bH200\b", 143771, 9.0),
+    Card("h100-80gb", "NVIDIA H100 80GB", r"\bH100\b", 81559, 9.0, engines_per_gpu=2),
+    Card(
+        "h200-141gb",
+        "NVIDIA H200",
+        r"\bH200\b",
+        143771,
+        9.0,
+        engines_per_gpu=2,
+        engines_measured=True,
+    ),
 )
 
 CPU_PROFILE = "cpu"

@@ -78,9 +78,9 @@ class ServeParser:
             raise ParserRefusal(str(exc)) from exc
         return namespace
 
-    def parse_config_file(self, path: Path) -> argparse.Namespace:
-        """`vllm serve MODEL --config PATH`; raises ParserRefusal with vLLM's message."""
-        return self._parse(["serve", "MODEL", "--config", str(path)])
+    def parse_config_file(self, path: Path, *extra: str) -> argparse.Namespace:
+        """`vllm serve MODEL --config PATH [EXTRA...]`; raises ParserRefusal with vLLM's message."""
+        return self._parse(["serve", "MODEL", "--config", str(path), *extra])
 
     def parse_paddlex(self, config: Mapping[str, Any]) -> argparse.Namespace:
         """The same flags as PaddleX's genai_server turns them into arguments."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from app.profiles.engines import EnginesPlan
 from app.profiles.memory import (
     MAX_NUM_SEQS_CAP,
     PROMPT_TEXT_TOKENS,
@@ -89,3 +90,55 @@ def yaml_block(result: MemoryPlan, shape: ModelShape) -> str:
             f"max-num-batched-tokens: {limits.max_num_batched_tokens}",
         ]
     )
+
+
+def describe_engines(result: EnginesPlan, shape: ModelShape) -> str:
+    """`ocrvl profile plan --engines-per-gpu N`: the card split N ways, then one engine."""
+    share = result.limits.gpu_memory_utilization
+    lines = [
+        f"engines per GPU         {result.engines} (under MPS): each gpu-memory-utilization "
+        f"{share}, {_gib(result.engine.budget_bytes).strip()}",
+        f"outside the budgets     {_gib(result.left_bytes)}  ({result.engines} x "
+        f"{result.reserve_bytes // result.engines / GiB:.2f} GiB reserve: CUDA context and "
+        f"allocations after the KV cache; MPS server {result.mps_bytes / GiB:.2f} GiB)",
+        f"KV cache, all engines   {_gib(result.engines * result.engine.kv_bytes)}  = "
+        f"{result.engines * result.engine.concurrent_pages:,} pages",
+        "",
+        "each engine:",
+        describe(result.engine, shape),
+    ]
+    if result.limits.kv_cache_memory_bytes:
+        lines.append(
+            f"kv-cache-memory-bytes   {result.limits.kv_cache_memory_bytes}  (fixed, so the "
+            "engines can start together)"
+        )
+    lines += [f"error: {e}" for e in result.errors if e not in result.engine.errors]
+    return "\n".join(lines)
+
+
+def engines_block(result: EnginesPlan) -> str:
+    """The flags each of N engines passes after `--config <profile>` (compose/mps/*.env)."""
+    total = result.total_bytes / GiB
+    return "\n".join(
+        [
+            f"# Each of {result.engines} engines under MPS on {total:.2f} GiB: "
+            f"KV cache {result.engine.kv_bytes / GiB:.2f} GiB = {result.engine.kv_tokens:,} "
+            f"tokens = {result.engine.concurrent_pages:,} pages;",
+            f"# {result.left_bytes / GiB:.2f} GiB stay outside the budgets (CUDA contexts, "
+            "MPS server, allocations after the KV cache).",
+            *(f"{key}: {value}" for key, value in result.flags.items()),
+        ]
+    )
+
+
+def engines_env(result: EnginesPlan, profile: str) -> str:
+    """compose/mps/<profile>.env: each engine's flags, as the MPS layout's engines read them."""
+    command = f"ocrvl profile plan --profile {profile} --engines-per-gpu {result.engines} --env"
+    lines = [
+        f"# {profile}: {result.engines} engines per GPU under MPS (compose/mps.yml); each passes",
+        "# these after --config. Written by",
+        f"#   {command}",
+        "# tests/deploy/test_compose.py keeps the file equal to the memory model.",
+        *(f"ENGINE_{key.upper().replace('-', '_')}={value}" for key, value in result.flags.items()),
+    ]
+    return "".join(f"{line}\n" for line in lines)

@@ -32,4 +32,20 @@ async def admit(request: Request, key_name: KeyName) -> str:
     return key_name
 
 
+async def widen(request: Request, key_name: str, pages: int) -> None:
+    """A request admitted as one page counts as `pages` (`n` > 1): the other slots and RPM
+    hits join the grant the context releases (429 as `admit` would, the first slot too)."""
+    if pages <= 1:
+        return
+    quotas: Quotas = request.state.gateway.quotas
+    grant = await quotas.widen(key_name, pages)
+    if grant is None:
+        return
+    context: RequestContext = request.state.context
+    if grant.headers:
+        context.response_headers = grant.headers
+    if grant.release is not None:
+        context.on_release(grant.release)
+
+
 Admitted = Annotated[str, Depends(admit)]

@@ -137,33 +137,46 @@ class Quotas:
             self._defaults.concurrency if own.concurrency is None else own.concurrency,
         )
 
-    async def admit(self, name: str) -> Grant | None:
-        """Count a request of key `name`: RateLimited (429) if over a limit, else what it holds.
-
-        None when the key is unlimited (nothing is counted, nothing to release).
-        """
+    async def admit(self, name: str, pages: int = 1) -> Grant | None:
+        """Count a request of key `name` as `pages` (its `n`): RateLimited (429) if over a
+        limit, else what it holds. None when the key is unlimited (nothing to release)."""
         limits = self.limits(name)
         if not (limits.rpm or limits.concurrency):
             return None
+        if limits.concurrency and pages > limits.concurrency:
+            raise self._never(name, limits.concurrency, pages)
         if self._link is not None and self._shared is not None and self._link.up:
             try:
-                return await self._admit(name, limits, *self._shared)
+                return await self._admit(name, limits, pages, *self._shared)
             except REDIS_ERRORS as exc:
                 self._link.failed(exc)
-        return await self._admit(name, limits, *self._memory)
+        return await self._admit(name, limits, pages, *self._memory)
+
+    async def widen(self, name: str, pages: int) -> Grant | None:
+        """A request admitted as one page is `pages` (`n` > 1, known once its body is read):
+        count the other `pages - 1` too, or 429 as `admit` would for all `pages` at once."""
+        limits = self.limits(name)
+        if limits.concurrency and pages > limits.concurrency:
+            raise self._never(name, limits.concurrency, pages)
+        return await self.admit(name, pages - 1) if pages > 1 else None
 
     async def _admit(
-        self, name: str, limits: Limits, window: MovingWindowRateLimiter, slots: Slots
+        self,
+        name: str,
+        limits: Limits,
+        pages: int,
+        window: MovingWindowRateLimiter,
+        slots: Slots,
     ) -> Grant:
         grant = Grant()
         if limits.concurrency:
-            lease = await slots.acquire(name, limits.concurrency)
-            if lease is None:
+            leases = await _take(slots, name, limits.concurrency, pages)
+            if leases is None:
                 raise self._busy(name, limits.concurrency)
-            grant.release = self._releaser(name, slots, lease)
+            grant.release = self._releaser(name, slots, leases)
         try:
             if limits.rpm:
-                grant.headers = await self._count(name, limits.rpm, window)
+                grant.headers = await self._count(name, limits.rpm, window, pages)
         except BaseException:
             if grant.release is not None:
                 await grant.release()
@@ -171,13 +184,13 @@ class Quotas:
         return grant
 
     async def _count(
-        self, name: str, rpm: int, window: MovingWindowRateLimiter
+        self, name: str, rpm: int, window: MovingWindowRateLimiter, pages: int = 1
     ) -> list[tuple[bytes, bytes]]:
-        """One request in `name`'s moving minute; a refused one is not counted."""
+        """A request of `pages` in `name`'s moving minute; a refused one is not counted."""
         item = self._items.get(rpm)
         if item is None:
             item = self._items[rpm] = PerMinute(rpm, namespace="ocrvl-rpm")
-        accepted = await window.hit(item, name)
+        accepted = await window.hit(item, name, cost=pages)
         stats = await window.get_window_stats(item, name)
         reset = max(stats.reset_time - time.time(), 0.0)  # the oldest counted request leaves
         headers = [
@@ -189,7 +202,7 @@ class Quotas:
             self._metrics.rate_limited.labels(name, "rpm").inc()
             raise RateLimited(
                 f"Rate limit reached for key {name!r} on requests per minute (RPM): Limit {rpm}, "
-                f"Used {rpm - max(stats.remaining, 0)}, Requested 1. Please try again in "
+                f"Used {rpm - max(stats.remaining, 0)}, Requested {pages}. Please try again in "
                 f"{go_duration(reset)}, or spread requests evenly over the minute.",
                 retry_after=reset,
                 headers={k.decode(): v.decode() for k, v in headers},
@@ -212,7 +225,20 @@ class Quotas:
             headers={},
         )
 
-    def _releaser(self, name: str, slots: Slots, lease: str) -> Callable[[], Awaitable[None]]:
+    def _never(self, name: str, limit: int, pages: int) -> RateLimited:
+        """429 that no retry can cure: `n` asks for more pages than the key may run at once."""
+        self._metrics.rate_limited.labels(name, "concurrency").inc()
+        return RateLimited(
+            f"Too many concurrent requests for key {name!r}: this request's n={pages} counts as "
+            f"{pages} pages, over the key's limit of {limit} in flight, so it can never be "
+            "admitted; lower `n`.",
+            retry_after=60.0,
+            headers={"x-should-retry": "false"},  # the OpenAI SDK would retry it in vain
+        )
+
+    def _releaser(
+        self, name: str, slots: Slots, leases: list[str]
+    ) -> Callable[[], Awaitable[None]]:
         started = time.monotonic()
         released = False
 
@@ -225,7 +251,8 @@ class Quotas:
             average = self._hold_seconds.get(name, held)
             self._hold_seconds[name] = average + HOLD_SMOOTHING * (held - average)
             try:
-                await slots.release(name, lease)
+                for lease in leases:
+                    await slots.release(name, lease)
             except REDIS_ERRORS as exc:  # the lease is no longer renewed: it expires by itself
                 if self._link is not None:
                     self._link.failed(exc)
@@ -243,3 +270,23 @@ class Quotas:
                     renewed = time.monotonic()
                 except REDIS_ERRORS as exc:
                     link.failed(exc)
+
+
+async def _take(slots: Slots, name: str, limit: int, pages: int) -> list[str] | None:
+    """One of `name`'s slots per page, all or none (those taken are given back on failure)."""
+    leases: list[str] = []
+    try:
+        for _ in range(pages):
+            lease = await slots.acquire(name, limit)
+            if lease is None:
+                break
+            leases.append(lease)
+        else:
+            return leases
+    except BaseException:
+        for lease in leases:
+            await slots.release(name, lease)
+        raise
+    for lease in leases:
+        await slots.release(name, lease)
+    return None

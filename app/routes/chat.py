@@ -7,13 +7,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from app import catalog, chat
+from app import catalog, chat, policy
 from app.auth import authenticate
 from app.bodies import capped
 from app.context import RequestContext
-from app.errors import GatewayError, PayloadTooLarge, error_response
-from app.quotas.asgi import admit
+from app.errors import GatewayError, PayloadTooLarge, error_response, quoted
+from app.quotas.asgi import admit, widen
 from app.state import Gateway
+from app.usage.reading import pages_of
 
 router = APIRouter()
 
@@ -31,12 +32,17 @@ async def chat_completions(request: Request) -> Response:
     """Relay a chat completion to a healthy backend serving the requested model."""
     gateway: Gateway = request.state.gateway
     context: RequestContext = request.state.context
-    await admit(request, await authenticate(request))
+    key_name = await authenticate(request)
+    await admit(request, key_name)
     parsed = chat.parse(await read_body(request, gateway.settings.max_body_bytes))
-    parsed = await gateway.media.inline_chat(parsed)  # vLLM never fetches a URL (docs/ocr.md)
     context.model, context.stream = parsed.model, parsed.stream
-    served_models = gateway.pool.require_models(f"to serve {parsed.model!r}")
+    served_models = gateway.pool.require_models(f"to serve {quoted(parsed.model)}")
     context.served_model = catalog.resolve(parsed.model, served_models)
+    parsed = policy.apply(parsed, gateway.settings, served_models[context.served_model])
+    await widen(request, key_name, parsed.pages)  # `n` > 1: n pages in the key's limits
+    if gateway.usage is not None:  # the key's page budget; what it used is counted at the end
+        await gateway.usage.admit(context, pages_of(parsed))
+    parsed = await gateway.media.inline_chat(parsed)  # vLLM never fetches a URL (docs/ocr.md)
     parsed, context.images_resized = await gateway.images.fit(parsed)  # OCRVL_RESIZE_IMAGES
     return await gateway.relay.complete(parsed, context.served_model, context, request.receive)
 

@@ -5,17 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import tempfile
+from collections.abc import AsyncGenerator
 
 import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app import catalog
+from app import catalog, policy
+from app.context import RequestContext
 from app.documents import output, upload
 from app.documents.errors import DocumentError
 from app.documents.fanout import Disconnect, OcrJob, PageResult, run_pages
 from app.documents.raster import Source
-from app.documents.sniff import sniff
 from app.errors import PayloadTooLarge
 from app.quotas import Admitted
 from app.state import Context, Gateway, GatewayDep
@@ -35,7 +36,10 @@ async def ocr(request: Request, _: Admitted, gateway: GatewayDep, context: Conte
         data = await _file_bytes(gateway, received)
         context.model = received.options.model
         context.served_model = _served_model(gateway, received.options.model)
+        _check_policy(gateway, received.options.max_tokens, context.served_model)
         job = await _prepare(gateway, cleanup, received, data, context.served_model)
+        if gateway.usage is not None:  # the whole document under the key's page budget, first
+            await gateway.usage.admit(context, len(job.pages))
         disconnect = Disconnect(request.receive)
         cleanup.callback(disconnect.close)
         pages = run_pages(
@@ -46,6 +50,8 @@ async def ocr(request: Request, _: Admitted, gateway: GatewayDep, context: Conte
             disconnect=disconnect,
             concurrency=settings.ocr_page_concurrency,
         )
+        cleanup.push_async_callback(pages.aclose)
+        pages = _counted(pages, context)
         cleanup.push_async_callback(pages.aclose)
         media_type = output.negotiate(request.headers.get("accept", ""), received.options.stream)
         context.stream = media_type == output.NDJSON
@@ -58,6 +64,19 @@ async def ocr(request: Request, _: Admitted, gateway: GatewayDep, context: Conte
         await cleanup.aclose()
         raise
     return _whole(job.model, done, media_type)
+
+
+async def _counted(
+    pages: AsyncGenerator[PageResult], context: RequestContext
+) -> AsyncGenerator[PageResult]:
+    """`pages`, each answered one counted on the request's context (app/usage meters it)."""
+    async for page in pages:
+        if page.error is None:
+            usage = page.usage or {}
+            context.answered += 1
+            context.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+            context.completion_tokens += int(usage.get("completion_tokens") or 0)
+        yield page
 
 
 async def _file_bytes(gateway: Gateway, received: upload.Upload) -> bytes | None:
@@ -79,6 +98,12 @@ def _served_model(gateway: Gateway, requested: str | None) -> str:
     return catalog.resolve(requested, served_models) if requested else next(iter(served_models))
 
 
+def _check_policy(gateway: Gateway, max_tokens: int | None, model: str) -> None:
+    """The request policy on what a client sets in the pages' requests (its `max_tokens`)."""
+    entry = gateway.pool.served_models().get(model)
+    policy.check({"max_tokens": max_tokens}, gateway.settings, policy.model_length(entry))
+
+
 async def _prepare(
     gateway: Gateway,
     cleanup: contextlib.AsyncExitStack,
@@ -93,15 +118,11 @@ async def _prepare(
     path, head = await asyncio.to_thread(upload.spool, received, data, folder)
     cleanup.push_async_callback(asyncio.to_thread, upload.remove, path)
     try:
-        kind = sniff(head)
-        source = Source(
-            path, kind, options.dpi, settings.ocr_min_pixels, settings.max_pixels,
-            settings.max_page_pixels,
-        )  # fmt: skip
+        source = Source.sniffed(path, head, options.dpi, settings)
         pages = await gateway.documents.inspect(source, options.pages, settings.max_pages)
     except DocumentError as exc:
         raise exc.as_gateway_error() from None
-    return OcrJob(source, pages, options.task, model, options.max_tokens)
+    return OcrJob(source, pages, options.task, model, options.max_tokens, options.page_images)
 
 
 def _whole(model: str, pages: list[PageResult], media_type: str) -> Response:

@@ -23,7 +23,7 @@ from app.engines import parse_metrics
 from app.errors import Overloaded
 from app.metrics import Metrics
 from app.scheduling import capacity
-from app.scheduling.queue import FairQueue, Waiter
+from app.scheduling.queue import BACKGROUND, FairQueue, Waiter
 from app.scheduling.routing import Router
 from app.scheduling.service import ServiceTimes
 
@@ -31,6 +31,9 @@ log = logging.getLogger("ocrvl.scheduling")
 
 FALLBACK_RETRY_AFTER = 5  # seconds, before any backend has served a request
 MAX_RETRY_AFTER = 120  # the OpenAI SDK ignores longer values
+BACKGROUND_SHARE = 0.5
+"""Of each backend's slots, the most the background lane (job pages) holds at once: the rest
+stay free for interactive pages, which then wait behind no job page at all at moderate load."""
 
 
 @dataclass(slots=True, eq=False)
@@ -41,12 +44,14 @@ class Lease:
     _scheduler: Scheduler = field(repr=False)
     released: bool = False
     since: float = field(default_factory=time.monotonic)
+    background: bool = False  # a job page's slot (the background lane)
 
     def release(self) -> None:
         """Give the slot back."""
         if not self.released:
             self.released = True
-            self._scheduler.release(self.backend, held=time.monotonic() - self.since)
+            held = time.monotonic() - self.since
+            self._scheduler.release(self.backend, held=held, background=self.background)
 
 
 class Scheduler:
@@ -69,6 +74,7 @@ class Scheduler:
         self._metrics = metrics
         self._router = Router()
         self.service = ServiceTimes()
+        self._background: dict[str, int] = {}  # job pages in flight, by backend URL
         self._last_done = -math.inf  # when a slot was last given back (time.monotonic())
 
     # ------------------------------------------------------------------------------ capacity
@@ -83,10 +89,16 @@ class Scheduler:
     def _least_loaded(self, backends: list[Backend]) -> Backend:
         return self._router.rank(backends, {b.url: self.capacity(b) for b in backends})[0]
 
-    def _free(self, serving: list[Backend]) -> Backend | None:
-        """The least loaded of `serving` with a free slot (any of them, admission off)."""
+    def _free(self, serving: list[Backend], background: bool = False) -> Backend | None:
+        """The least loaded of `serving` with a free slot (any of them, admission off); for
+        the background lane, only below its BACKGROUND_SHARE of a backend's slots."""
         free = [b for b in serving if not self.enabled or b.in_flight < self.capacity(b)]
+        if background and self.enabled:
+            free = [b for b in free if self._background.get(b.url, 0) < self._share(b)]
         return self._least_loaded(free) if free else None
+
+    def _share(self, backend: Backend) -> int:
+        return max(int(self.capacity(backend) * BACKGROUND_SHARE), 1)
 
     # ----------------------------------------------------------------------------- admission
 
@@ -102,15 +114,18 @@ class Scheduler:
         serving = self._serving(model, exclude)
         if not serving:
             return None
+        background = BACKGROUND.get()
         # Waiters come first: a new request takes a free slot only when none is queued.
-        backend = self._free(serving) if not self.queue or not self.enabled else None
-        if backend is not None:
-            return self._grant(backend)
+        free = self._free(serving, background) if not self.queue or not self.enabled else None
+        if free is not None:
+            return self._grant(free, background)
         return await self._wait(Waiter(key, model))
 
-    def _grant(self, backend: Backend) -> Lease:
+    def _grant(self, backend: Backend, background: bool) -> Lease:
         backend.in_flight += 1
-        return Lease(backend, self)
+        if background:
+            self._background[backend.url] = self._background.get(backend.url, 0) + 1
+        return Lease(backend, self, background=background)
 
     async def _wait(self, waiter: Waiter) -> Lease:
         if len(self.queue) >= self.queue_size:
@@ -132,6 +147,7 @@ class Scheduler:
             )
         self.queue.push(waiter)
         self._metrics.queue_depth.set(len(self.queue))
+        self.dispatch()  # a slot may be free: only job pages, held to their share, were queued
         try:
             async with asyncio.timeout(self.queue_timeout):
                 granted = await waiter.granted
@@ -146,18 +162,22 @@ class Scheduler:
             # Gone while waiting (client disconnect, deadline): a slot granted meanwhile
             # goes straight to the next waiter.
             if waiter.granted.done() and not waiter.granted.cancelled():
-                self.release(waiter.granted.result())
+                self.release(waiter.granted.result(), background=waiter.background)
             raise
         finally:
             self.queue.remove(waiter)
             self._metrics.queue_depth.set(len(self.queue))
             self._metrics.queue_wait.observe(time.monotonic() - waiter.since)
-        return Lease(granted, self)
+        return Lease(granted, self, background=waiter.background)
 
-    def release(self, backend: Backend, held: float | None = None) -> None:
+    def release(
+        self, backend: Backend, held: float | None = None, *, background: bool = False
+    ) -> None:
         """A request on `backend` ended after holding its slot `held` seconds (None: a slot
         reserved for a waiter that left): note it, then hand free slots to waiters."""
         backend.in_flight -= 1
+        if background:
+            self._background[backend.url] -= 1
         self._last_done = time.monotonic()
         if held is not None:
             self.service.record(backend, held)
@@ -170,13 +190,15 @@ class Scheduler:
                 lambda waiter: (
                     None
                     if waiter.granted.done()
-                    else self._free(self._serving(waiter.model, frozenset()))
+                    else self._free(self._serving(waiter.model, frozenset()), waiter.background)
                 )
             )
             if served is None:
                 return
             waiter, backend = served
             backend.in_flight += 1  # reserved now: the waiter's task resumes later
+            if waiter.background:
+                self._background[backend.url] = self._background.get(backend.url, 0) + 1
             waiter.granted.set_result(backend)
 
     def busy(self, since: float) -> bool:

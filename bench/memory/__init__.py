@@ -1,1 +1,1 @@
-"""Gateway memory under bursts of big pages (`python -m bench.memory`)."""
+"""How much memory does the gateway hold under bursts of big pages, and give back? (bench.memory)"""

@@ -1,4 +1,4 @@
-"""Gateway overhead benchmark (`python -m bench.overhead`): the names its modules share."""
+"""What latency and CPU does the gateway add over calling the engine directly? (bench.overhead)"""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Page preprocessing throughput: `python -m bench.preprocess` (see __main__)."""
+"""Do the page workers (rasterise, resize, encode) outrun an H200 engine? (bench.preprocess)"""

@@ -31,6 +31,11 @@ LAYOUTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "paddleocr": ([BASE, "compose/paddleocr.yml"], {}),
     "monitoring": ([BASE, "compose/monitoring.yml"], {}),
     "gpus-2+monitoring": ([BASE, "compose/gpus-2.yml", "compose/monitoring.yml"], {}),
+    "mps": ([BASE, "compose/mps.yml"], {"GPU_PROFILE": "h200-141gb"}),
+    "mps+monitoring": (
+        [BASE, "compose/mps.yml", "compose/monitoring.yml"],
+        {"GPU_PROFILE": "h200-141gb"},
+    ),
 }
 COMPOSE_FILES = [ROOT / BASE, *sorted((ROOT / "compose").glob("*.yml"))]
 
@@ -263,9 +268,9 @@ def test_nginx_template_variables_are_all_given_by_compose(compose_model: dict[s
         assert used <= set(environment), used - set(environment)
 
 
-def generate(count: int) -> str:
+def generate(count: int, *options: str) -> str:
     return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "compose_gpus.py"), str(count)],
+        [sys.executable, str(ROOT / "scripts" / "compose_gpus.py"), str(count), *options],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
 

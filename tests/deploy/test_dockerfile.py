@@ -66,16 +66,19 @@ def test_base_image_is_a_slim_python_matching_requires_python() -> None:
 
 
 def test_only_runtime_dependencies_are_installed() -> None:
-    """The build installs the project itself (no dev group, no extras) from an index, or from
-    wheelhouse/ alone with PIP_NO_INDEX=1, and leaves no pip behind; the runtime stage copies
+    """The build installs locks/gateway.txt's pins and the locked setuptools, hashes checked
+    (no dev group, no extras), from an index or from wheelhouse/ alone with PIP_NO_INDEX=1,
+    then the project with nothing more, and leaves no pip behind; the runtime stage copies
     only the venv."""
     assert build_args()["PIP_NO_INDEX"] == "0"
     runs = [command.value[0] for command in COMMANDS if command.cmd == "RUN"]
-    installs = [run for run in runs if "pip install" in run]
+    installs = [" ".join(run.split()) for run in runs if "pip install" in run]
     assert installs == [
         "python -m venv /opt/ocrvl"
-        "     && /opt/ocrvl/bin/pip install --no-compile /src"
-        "     && /opt/ocrvl/bin/pip uninstall --yes pip setuptools"
+        " && /opt/ocrvl/bin/pip install --no-compile --require-hashes"
+        " -r /src/locks/gateway.txt -r /src/locks/build.txt"
+        " && /opt/ocrvl/bin/pip install --no-compile --no-deps --no-build-isolation /src"
+        " && /opt/ocrvl/bin/pip uninstall --yes pip setuptools"
     ]
     copied = only(final_stage(), "COPY")
     assert copied.flags == ("--from=build",)
@@ -115,7 +118,7 @@ def ignored(path: str) -> bool:
 
 def test_build_context_holds_the_project_and_wheelhouse_only() -> None:
     """The one COPY takes the whole context, which .dockerignore narrows to the package's
-    sources and wheelhouse/; tests, venvs, caches and keys stay out."""
+    sources, locks/ and wheelhouse/; tests, venvs, caches and keys stay out."""
     sources = [
         source
         for command in COMMANDS
@@ -123,7 +126,9 @@ def test_build_context_holds_the_project_and_wheelhouse_only() -> None:
         for source in command.value[:-1]
     ]
     assert sources == ["."]
-    for kept_in in ("pyproject.toml", "README.md", "app/main.py", "wheelhouse/README.md"):
+    kept = ("pyproject.toml", "README.md", "app/main.py", "locks/gateway.txt", "locks/build.txt",
+            "wheelhouse/README.md")  # fmt: skip
+    for kept_in in kept:
         assert (ROOT / kept_in).exists(), kept_in
         assert not ignored(kept_in), kept_in
     kept_out = (".venv", ".git", "tests/conftest.py", ".cache/tiny-model", "app/__pycache__",

@@ -31,9 +31,22 @@ from tests.deploy.kubernetes import (
 
 # The oldest and newest minor versions kubernetes-validate ships schemas for in the 1.3x line.
 KUBERNETES_VERSIONS = ["1.30", "1.37"]
-POOLS = {"single-gpu": ["l4-24gb"], "mixed": ["a100-80gb", "l4-24gb"], "cpu": ["cpu"]}
+POOLS = {
+    "single-gpu": ["l4-24gb"],
+    "mixed": ["a100-80gb", "l4-24gb"],
+    "cpu": ["cpu"],
+    "mps": ["h200-141gb"],
+}
 PROFILES = sorted(path.stem for path in (ROOT / "vllm_configs").glob("*.yaml"))
-GPU_PRODUCTS = {"l4-24gb": "NVIDIA-L4", "a100-80gb": "NVIDIA-A100-SXM4-80GB"}
+GPU_PRODUCTS = {
+    "l4-24gb": "NVIDIA-L4",
+    "a100-80gb": "NVIDIA-A100-SXM4-80GB",
+    "h200-141gb": "NVIDIA-H200",
+}
+SHARED = {"mps"}
+"""Overlays whose GPUs the device plugin shares: GPU Feature Discovery adds -SHARED to the name."""
+DEVICE_PLUGIN_NAMESPACE = "nvidia-device-plugin"
+"""Where overlays/mps puts the device plugin's configuration (the plugin's chart's namespace)."""
 MODEL_DOWNLOAD_SECONDS = 20 * 60  # compose's VLLM_START_PERIOD default
 
 
@@ -43,8 +56,8 @@ def overlay(request: pytest.FixtureRequest) -> tuple[str, list[Manifest]]:
     return request.param, render(request.param)
 
 
-def test_overlays_are_the_documented_three() -> None:
-    """single-gpu, mixed and cpu exist (and the invariant tables below cover each)."""
+def test_overlays_are_the_documented_four() -> None:
+    """single-gpu, mixed, cpu and mps exist (and the invariant tables below cover each)."""
     assert sorted(POOLS) == OVERLAYS
 
 
@@ -62,12 +75,18 @@ def test_every_object_validates_strictly(overlay: tuple[str, list[Manifest]], ve
 
 
 def test_everything_lives_in_one_namespace(overlay: tuple[str, list[Manifest]]) -> None:
-    """Every namespaced object is in `ocrvl`, which the overlay also creates."""
-    _, objects = overlay
+    """Every namespaced object is in `ocrvl`, which the overlay also creates; the one exception
+    is the device plugin's configuration (overlays/mps), which lives where the plugin runs."""
+    name, objects = overlay
     assert named(objects, "Namespace", "ocrvl")
-    assert {o["metadata"].get("namespace") for o in objects if o["kind"] != "Namespace"} == {
-        "ocrvl"
-    }
+    plugin = [o for o in objects if o["metadata"].get("namespace") == DEVICE_PLUGIN_NAMESPACE]
+    if name in SHARED:
+        assert [(o["kind"], o["metadata"]["name"]) for o in plugin] == [
+            ("ConfigMap", "nvidia-device-plugin-configs")
+        ]
+    ours = [o for o in objects if o["kind"] != "Namespace" and o not in plugin]
+    assert {o["metadata"].get("namespace") for o in ours} == {"ocrvl"}
+    assert name in SHARED or not plugin
 
 
 def test_gateway_is_replicated_hardened_and_probed(overlay: tuple[str, list[Manifest]]) -> None:
@@ -166,7 +185,8 @@ def test_vllm_pools_hold_a_gpu_of_their_class(overlay: tuple[str, list[Manifest]
             values = [
                 e["values"] for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]
             ]
-            assert any(GPU_PRODUCTS[pool] in v for v in values)
+            product = GPU_PRODUCTS[pool] + ("-SHARED" if name in SHARED else "")
+            assert any(product in v for v in values)
         else:
             assert "nvidia.com/gpu" not in str(engine["resources"])
         shm = next(m for m in engine["volumeMounts"] if m["mountPath"] == "/dev/shm")  # noqa: S108

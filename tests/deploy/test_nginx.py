@@ -113,6 +113,9 @@ def test_rendering_keeps_nginx_variables_and_fills_the_defaults(
     assert "client_max_body_size 68m;" in ocr  # a whole document, not a page
     assert "proxy_pass http://ocrvl_gateway;" in ocr
     assert "proxy_request_buffering off;" in ocr  # spooled by the gateway, not in nginx's tmpfs
+    jobs = rendered.split("location = /v1/ocr/jobs {")[1].split("}")[0]
+    assert "client_max_body_size 270m;" in jobs  # a job's document: 200 MiB as base64 JSON
+    assert "proxy_request_buffering off;" in jobs
     assert "proxy_read_timeout 660s;" in rendered
     assert "proxy_buffering off;" in rendered
     assert "server_tokens off;" in rendered
@@ -129,6 +132,23 @@ def test_unreachable_gateway_gets_openai_502_with_retry_after(start_nginx: Start
     assert_openai_error(answer, 502, "api_error", "bad_gateway")
     assert answer.headers["retry-after"] == "1"
     assert answer.headers["server"] == "nginx"  # server_tokens off: no version
+
+
+@pytest.mark.parametrize(("path", "limit"), [("/v1/ocr/jobs", "OCRVL_JOB_MAX_FILE_BYTES")])
+def test_a_job_over_its_body_cap_gets_nginxs_own_413(
+    start_nginx: StartNginx, path: str, limit: str
+) -> None:
+    """A job's document over NGINX_JOB_MAX_BODY_SIZE (here 1m) is refused by nginx itself, in
+    OpenAI's shape, naming the jobs' file limit; the general 20m cap does not apply to it."""
+    with start_nginx(f"127.0.0.1:{free_port()}", NGINX_JOB_MAX_BODY_SIZE="1m") as front:
+        response = httpx.post(f"{front.url}{path}", content=b"\0" * (2 * 1024 * 1024))
+    answer = Answer(response.status_code, response.headers, response.content)
+    assert (answer.status, answer.headers["content-type"]) == (413, "application/json")
+    error = answer.json()["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "request_too_large")
+    assert "larger than 1m" in error["message"]
+    assert limit in error["message"]
+    assert error["param"] == "file"
 
 
 def test_silent_gateway_gets_openai_504(start_nginx: StartNginx) -> None:

@@ -67,3 +67,56 @@ def test_an_explicit_profile_is_used_as_is(stand_ins: Path, tmp_path: Path) -> N
     result = run_up(stand_ins, record, GPU_PROFILE="a100-80gb")
     assert result.returncode == 0, result.stderr
     assert record.read_text().splitlines() == ["GPU_PROFILE=a100-80gb docker compose up -d"]
+
+
+def test_two_engines_per_gpu_add_the_mps_override(stand_ins: Path, tmp_path: Path) -> None:
+    """ENGINES_PER_GPU=2: compose runs the base file with compose/mps.yml on top."""
+    record = tmp_path / "calls"
+    result = run_up(stand_ins, record, GPU_PROFILE="h200-141gb", ENGINES_PER_GPU="2")
+    assert result.returncode == 0, result.stderr
+    assert record.read_text().splitlines() == [
+        "GPU_PROFILE=h200-141gb docker compose -f docker-compose.yml -f compose/mps.yml up -d"
+    ]
+
+
+def test_detection_only_recommends_two_engines(stand_ins: Path, tmp_path: Path) -> None:
+    """A detected H200 (its header: 2 engines per GPU) still gets one engine, and a note
+    naming ENGINES_PER_GPU=2: MPS is never switched on by detection (docs/deploy.md)."""
+    (stand_ins / "ocrvl").write_text(
+        '#!/bin/sh\necho "$*" >> "$RECORD"\necho vllm_configs/h200-141gb.yaml\n'
+    )
+    record = tmp_path / "calls"
+    result = run_up(stand_ins, record, GPU_PROFILE="auto")
+    assert result.returncode == 0, result.stderr
+    assert record.read_text().splitlines()[-1] == "GPU_PROFILE=h200-141gb docker compose up -d"
+    assert "should run 2 engines per GPU under NVIDIA MPS" in result.stderr
+    assert "ENGINES_PER_GPU=2" in result.stderr
+
+
+def test_a_profile_of_one_engine_gets_no_note(stand_ins: Path, tmp_path: Path) -> None:
+    """An L4 (GPU-bound, one engine) starts as before, without the MPS note."""
+    result = run_up(stand_ins, tmp_path / "calls", GPU_PROFILE="l4-24gb")
+    assert result.returncode == 0, result.stderr
+    assert "MPS" not in result.stderr
+
+
+def test_two_engines_with_own_files_use_them_as_given(stand_ins: Path, tmp_path: Path) -> None:
+    """-f given: up.sh adds nothing and says to include the MPS override."""
+    record = tmp_path / "calls"
+    result = run_up(
+        stand_ins, record, "-f", "docker-compose.yml", GPU_PROFILE="h200-141gb", ENGINES_PER_GPU="2"
+    )
+    assert result.returncode == 0, result.stderr
+    assert record.read_text().splitlines() == [
+        "GPU_PROFILE=h200-141gb docker compose -f docker-compose.yml up -d"
+    ]
+    assert "compose/mps.yml" in result.stderr
+
+
+def test_other_engine_counts_are_refused(stand_ins: Path, tmp_path: Path) -> None:
+    """ENGINES_PER_GPU=3: exit 2 before compose runs, naming the values it takes."""
+    record = tmp_path / "calls"
+    result = run_up(stand_ins, record, GPU_PROFILE="h200-141gb", ENGINES_PER_GPU="3")
+    assert result.returncode == 2
+    assert "ENGINES_PER_GPU must be 1 or 2" in result.stderr
+    assert not record.exists()

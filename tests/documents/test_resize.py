@@ -17,6 +17,7 @@ MIN_PIXELS, MAX_PIXELS = 112_896, 1_003_520  # PaddleOCR-VL 1.5's preprocessor_c
 SIZES = [1, 27, 28, 29, 100, 333, 640, 1000, 1240, 1754, 2480, 3508, 5000]
 
 
+@pytest.mark.engine
 def test_smart_resize_is_the_processors_own_rule() -> None:
     """Over a grid of page sizes, the gateway's rule gives exactly what transformers'
     PaddleOCR-VL image processor computes (so the engine resizes nothing more)."""

@@ -6,9 +6,8 @@ import json
 from typing import Any
 
 import pytest
-import torch
-from transformers import PaddleOCRVLForConditionalGeneration
 
+from tests.conftest import ENGINE_ONLY
 from tests.support.tiny_model import (
     PROFILE_MODEL,
     TINY,
@@ -18,6 +17,9 @@ from tests.support.tiny_model import (
     full_dims,
 )
 
+pytestmark = pytest.mark.engine
+torch = pytest.importorskip("torch", reason=ENGINE_ONLY)
+transformers = pytest.importorskip("transformers", reason=ENGINE_ONLY)
 Built = tuple[Any, Any, dict[str, int]]  # tokenizer, config, vocabulary
 REAL_IDS = {
     "<unk>": 0,
@@ -69,7 +71,7 @@ def test_the_full_model_has_the_real_parameter_count(built: Built) -> None:
     """Built on the meta device (no memory): 905.6 M parameters, as the real checkpoint."""
     _, config, _ = built
     with torch.device("meta"):
-        model = PaddleOCRVLForConditionalGeneration(config)
+        model = transformers.PaddleOCRVLForConditionalGeneration(config)
     count = sum(p.numel() for p in model.parameters())
     assert count == pytest.approx(905.6e6, rel=0.005)
     assert full_dims().kv_bytes_per_token == 18 * 2 * 128 * 2 * 2

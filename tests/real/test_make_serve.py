@@ -1,13 +1,17 @@
-"""`make serve MODEL=tiny` as README gives it: vLLM + gateway, the README snippet, Ctrl-C."""
+"""`make serve MODEL=tiny` as README gives it: vLLM + gateway, the README snippet, Ctrl-C; and
+`make serve MODEL=tiny ENGINES=2`: two engines behind one gateway."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -21,6 +25,7 @@ from tests.conftest import (
     running_requests,
     wait_until_up,
 )
+from tests.support.prometheus import metric
 from tests.support.servers import free_port
 
 pytestmark = pytest.mark.vllm
@@ -97,3 +102,60 @@ def test_a_client_that_gives_up_frees_the_engine(make_serve: tuple[int, int, Pat
             break
         assert time.monotonic() < deadline, "vLLM kept running the abandoned request"
         time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def make_serve_two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int, Path]]:
+    """`make serve MODEL=tiny ENGINES=2` on free ports (engines on VLLM_PORT and VLLM_PORT+1)."""
+    vllm_port, port = free_port_pair(), free_port()
+    log = Path(tmp_path_factory.mktemp("make-serve-two")) / "make-serve.log"
+    env = {
+        **engine_environment(),
+        "OCRVL_API_KEYS": "sk-local",
+        "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
+    }
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["make", "serve", "MODEL=tiny", "ENGINES=2", f"VLLM_PORT={vllm_port}", f"PORT={port}"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}/ready", process, log, 900)
+        yield vllm_port, port, log
+        os.kill(process.pid, signal.SIGTERM)  # what a service manager sends: make, then serve.sh
+        process.wait(timeout=90)
+        for url in (f"http://127.0.0.1:{p}/health" for p in (port, vllm_port, vllm_port + 1)):
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(url, timeout=2)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def free_port_pair() -> int:
+    """A port whose next one is free too (serve.sh numbers the engines' ports on from it)."""
+    for _ in range(50):
+        first = free_port()
+        with contextlib.suppress(OSError), socket.socket() as probe:
+            probe.bind(("127.0.0.1", first + 1))
+            return first
+    raise RuntimeError("no two consecutive free ports")
+
+
+def test_two_engines_serve_through_one_gateway(make_serve_two: tuple[int, int, Path]) -> None:
+    """Pages sent at once through the gateway are answered, and both engines served some."""
+    vllm_port, port, log = make_serve_two
+    body = {"model": "PaddleOCR-VL", "messages": [{"role": "user", "content": "OCR:"}],
+            "max_tokens": 16}  # fmt: skip
+
+    def send(_: int) -> int:
+        url, key = f"http://127.0.0.1:{port}/v1/chat/completions", "Bearer sk-local"
+        return httpx.post(url, json=body, headers={"authorization": key}, timeout=120).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(send, range(8))) == [200] * 8, _tail(log)
+    served = [metric(httpx.get(f"http://127.0.0.1:{p}/metrics", timeout=5).text,
+                     "vllm:request_success_total") for p in (vllm_port, vllm_port + 1)]  # fmt: skip
+    assert all(count > 0 for count in served), served
+    assert sum(served) >= 8

@@ -66,6 +66,7 @@ class FakeVLLM:
     error_body: bytes = b'{"error":{"message":"boom","type":"InternalServerError","code":500}}'
     served: str = SERVED
     delay: float = 0.0
+    content: str | None = None  # the text of every non-streaming answer; None: completion()'s
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     disconnected: threading.Event = field(default_factory=threading.Event)
@@ -105,7 +106,10 @@ class FakeVLLM:
         elif self.mode in ("slow_stream", "broken_stream") or payload.get("stream"):
             await self._stream(receive, send)
         else:
-            await _json(send, 200, completion(payload["model"]))
+            answer = completion(payload["model"])
+            if self.content is not None:
+                answer["choices"][0]["message"]["content"] = self.content
+            await _json(send, 200, answer)
 
     async def _stream(self, receive: Receive, send: Send) -> None:
         headers = [(b"content-type", b"text/event-stream; charset=utf-8")]

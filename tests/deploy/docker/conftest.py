@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import BACKEND_KEY, ROOT
+from tests.conftest import BACKEND_KEY, ENGINE_VENV, ROOT
 from tests.deploy.compose import compose_binary
 from tests.support.servers import free_port
 
@@ -81,9 +80,8 @@ def docker_engine() -> str:
 @pytest.fixture(scope="session")
 def stand_ins(docker_engine: str) -> None:
     """The stand-in base images, built once per engine and then found by their tags."""
-    venv = Path(sys.prefix)
     subprocess.run(
-        [str(HERE / "images" / "build-stand-ins.sh"), str(venv)],
+        [str(HERE / "images" / "build-stand-ins.sh"), str(ENGINE_VENV)],
         check=True, timeout=900, env={**os.environ, "PYTHON_TAG": PYTHON_TAG,
                                       "NGINX_TAG": NGINX_TAG, "VLLM_TAG": VLLM_TAG},
     )  # fmt: skip
@@ -91,10 +89,9 @@ def stand_ins(docker_engine: str) -> None:
 
 @pytest.fixture(scope="session")
 def wheelhouse(docker_engine: str) -> None:
-    """wheelhouse/ filled for the stand-in's Python, again only when the dependencies changed."""
+    """wheelhouse/ filled for the stand-in's Python, again only when the locks changed."""
     stamp = ROOT / "wheelhouse" / ".requirements.sha256"
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    wanted = [pyproject["build-system"]["requires"], pyproject["project"]["dependencies"]]
+    wanted = [(ROOT / "locks" / name).read_text() for name in ("gateway.txt", "build.txt")]
     digest = hashlib.sha256(json.dumps(wanted).encode()).hexdigest()
     if stamp.exists() and stamp.read_text() == digest:
         return
@@ -169,12 +166,16 @@ def write_keys(folder: Path, names: Sequence[str]) -> dict[str, str]:
 
 
 def python_home(folder: Path) -> str:
-    """The venv's base interpreter folder, to mount; Debian's own /usr is the image's already."""
-    if sys.base_prefix.rstrip("/") in ("/usr", ""):
+    """The engine venv's base interpreter folder, to mount; Debian's own /usr is the image's."""
+    base = subprocess.run(
+        [str(ENGINE_VENV / "bin" / "python"), "-c", "import sys; print(sys.base_prefix)"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    if base.rstrip("/") in ("/usr", ""):
         empty = folder / "no-python-home"
         empty.mkdir(exist_ok=True)
         return str(empty)
-    return sys.base_prefix
+    return base
 
 
 def env_file(folder: Path, keys_dir: Path, port: int) -> Path:
@@ -191,7 +192,7 @@ def env_file(folder: Path, keys_dir: Path, port: int) -> Path:
         "NGINX_PORT": str(port),
         "OCRVL_KEYS_DIR": str(keys_dir),
         "MODEL": "/models/tiny",
-        "OCRVL_TEST_VENV": sys.prefix,
+        "OCRVL_TEST_VENV": str(ENGINE_VENV),
         "OCRVL_TEST_PYTHON_HOME": python_home(folder),
         "OCRVL_TEST_MODEL": os.environ.get("TINY_MODEL_DIR", str(ROOT / ".cache" / "tiny-model")),
     }

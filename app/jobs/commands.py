@@ -1,0 +1,173 @@
+"""`ocrvl ocr FILE --job` and `ocrvl jobs status|result|cancel|list`: jobs from the shell.
+
+Imports only argparse at module level (httpx loads on use). Interrupted while following a job,
+`ocrvl ocr --job` prints the job's id: the job goes on, and `ocrvl jobs` picks it up again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ACCEPT = {"md": "text/markdown", "json": "application/json", "ndjson": "application/x-ndjson"}
+POLL_EVERY = 1.0
+INTERRUPTED = 130
+
+
+def connection_flags(parser: argparse.ArgumentParser) -> None:
+    """`--url` and `--key`, as `ocrvl ocr` has them."""
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("OCRVL_URL", "http://127.0.0.1:8000"),
+        help="gateway base URL (default OCRVL_URL or http://127.0.0.1:8000)",
+    )
+    parser.add_argument(
+        "--key", default=os.environ.get("OCRVL_API_KEY"), help="API key (default OCRVL_API_KEY)"
+    )
+
+
+def register(commands: Any) -> None:
+    """Add `jobs` to the `ocrvl` command tree."""
+    jobs = commands.add_parser("jobs", help="document jobs on a gateway (see `ocrvl ocr --job`)")
+    actions = jobs.add_subparsers(metavar="ACTION", required=True)
+    status = actions.add_parser("status", help="a job's status and progress (JSON)")
+    status.add_argument("id")
+    status.add_argument("--wait", type=float, default=0, help="long-poll up to N s (<= 60)")
+    status.set_defaults(func=_status)
+    result = actions.add_parser("result", help="write a job's result (the pages done so far)")
+    result.add_argument("id")
+    result.add_argument("--out", type=Path, help="result file (.md, .json, .ndjson)")
+    result.add_argument("--format", choices=tuple(ACCEPT), help="default from --out, or md")
+    result.set_defaults(func=_result)
+    cancel = actions.add_parser("cancel", help="cancel a job and delete its results")
+    cancel.add_argument("id")
+    cancel.set_defaults(func=_cancel)
+    listing = actions.add_parser("list", help="your jobs, newest first")
+    listing.add_argument("--limit", type=int, default=20)
+    listing.add_argument("--after", help="list after this job id")
+    listing.set_defaults(func=_list)
+    for parser in (status, result, cancel, listing):
+        connection_flags(parser)
+
+
+def _client(args: argparse.Namespace) -> Any:
+    import httpx  # noqa: PLC0415 (lazy: `ocrvl --help` stays instant)
+
+    headers = {"authorization": f"Bearer {args.key}"} if args.key else {}
+    timeout = httpx.Timeout(30.0, read=120.0)
+    return httpx.Client(base_url=args.url, headers=headers, timeout=timeout, trust_env=False)
+
+
+class Refused(Exception):
+    """The gateway answered with an error."""
+
+
+def _checked(response: Any) -> Any:
+    if response.status_code >= 400:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:300]
+        raise Refused(f"HTTP {response.status_code}: {message}")
+    return response
+
+
+def _run(args: argparse.Namespace, action: Any) -> int:
+    import httpx  # noqa: PLC0415
+
+    try:
+        with _client(args) as http:
+            code: int = action(http)
+            return code
+    except (Refused, httpx.HTTPError, OSError) as exc:
+        print(f"ocrvl jobs: {exc}", file=sys.stderr)
+        return 2
+
+
+def _status(args: argparse.Namespace) -> int:
+    def action(http: Any) -> int:
+        params = {"wait": str(args.wait)} if args.wait else {}
+        job = _checked(http.get(f"/v1/ocr/jobs/{args.id}", params=params)).json()
+        print(json.dumps(job, indent=2))
+        return 0
+
+    return _run(args, action)
+
+
+def _result(args: argparse.Namespace) -> int:
+    return _run(args, lambda http: write_result(http, args.id, args.out, args.format))
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    def action(http: Any) -> int:
+        job = _checked(http.delete(f"/v1/ocr/jobs/{args.id}")).json()
+        print(f"{job['id']}: {job['status']}, deleted")
+        return 0
+
+    return _run(args, action)
+
+
+def _list(args: argparse.Namespace) -> int:
+    def action(http: Any) -> int:
+        params = {"limit": str(args.limit), **({"after": args.after} if args.after else {})}
+        page = _checked(http.get("/v1/ocr/jobs", params=params)).json()
+        print(f"{'ID':<30} {'STATUS':<10} {'PAGES':>11} {'CREATED':<20}")
+        for job in page["data"]:
+            created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(job["created_at"]))
+            pages = f"{job['pages_done']}/{job['pages_total']}"
+            print(f"{job['id']:<30} {job['status']:<10} {pages:>11} {created:<20}")
+        if page["has_more"]:
+            print(f"more: ocrvl jobs list --after {page['last_id']}", file=sys.stderr)
+        return 0
+
+    return _run(args, action)
+
+
+def write_result(http: Any, job_id: str, out: Path | None, fmt: str | None) -> int:
+    """The job's result to `out` (or stdout) in `fmt`; 1 when a page failed."""
+    if fmt is None:
+        suffix = out.suffix.lstrip(".") if out is not None else ""
+        fmt = suffix if suffix in ACCEPT else "md"
+    response = _checked(http.get(f"/v1/ocr/jobs/{job_id}/result", headers={"accept": ACCEPT[fmt]}))
+    if out is None:
+        sys.stdout.write(response.text)
+        sys.stdout.flush()
+    else:
+        out.write_text(response.text, encoding="utf-8")
+    return 1 if response.headers.get("x-ocr-pages-failed", "0") != "0" else 0
+
+
+def follow(http: Any, file: Path, fields: dict[str, str], out: Path | None, fmt: str | None) -> int:
+    """Submit `file` as a job, draw its progress from its status, then write its result."""
+    from app.client import Progress  # noqa: PLC0415
+
+    with file.open("rb") as handle:
+        files = {"file": (file.name, handle, "application/octet-stream")}
+        job = _checked(http.post("/v1/ocr/jobs", data=fields, files=files)).json()
+    print(f"{file.name}: job {job['id']}", file=sys.stderr)
+    progress = Progress(file.name, sys.stderr)
+    progress.start(job["pages_total"])
+    try:
+        while job["status"] in ("queued", "running"):
+            time.sleep(POLL_EVERY)
+            job = _checked(http.get(f"/v1/ocr/jobs/{job['id']}")).json()
+            while progress.done < job["pages_done"]:
+                progress.step(failed=progress.failed < job["pages_failed"])
+    except KeyboardInterrupt:
+        progress.finish()
+        print(
+            f"interrupted; job {job['id']} goes on: `ocrvl jobs status {job['id']}`, "
+            f"`ocrvl jobs result {job['id']}`",
+            file=sys.stderr,
+        )
+        return INTERRUPTED
+    progress.finish()
+    if job["status"] != "succeeded":
+        error = (job.get("error") or {}).get("message", "")
+        raise Refused(f"job {job['id']} {job['status']}" + (f": {error}" if error else ""))
+    return write_result(http, job["id"], out, fmt)

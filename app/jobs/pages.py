@@ -1,0 +1,155 @@
+"""One job's pages through the relay, in the background lane, each answer kept once.
+
+At most OCRVL_JOB_PAGE_CONCURRENCY pages are in flight: a page's task is made only when a slot
+is free, so a 1,000-page job holds that many rendered pages in memory, not 1,000. Pages kept
+before (by a gateway that died) are not read again. A page the backends cannot take now
+(every backend full for longer than the queue allows, or none healthy) waits and is tried
+again; any other failure is kept as that page's error, as /v1/ocr reports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.types import Message
+
+from app.context import RequestContext
+from app.documents import otsl
+from app.documents.errors import DocumentError
+from app.documents.fanout import OcrJob, PageResult, page_request
+from app.documents.raster import Source
+from app.documents.workers import Preprocessor
+from app.errors import BackendUnavailable, GatewayError, Overloaded, UpstreamError
+from app.jobs.events import JobEvents
+from app.proxy import Relay
+from app.scheduling.queue import BACKGROUND
+from app.store import Job, Store
+from app.store.base import PageRecord
+from app.usage.meter import Meter
+
+TRANSIENT = (Overloaded, BackendUnavailable)
+RETRY_DELAYS = (1, 2, 4, 8, 15, 30, 30, 30, 30, 30)  # ~3 min for a backend to come back
+
+
+@dataclass(frozen=True, slots=True)
+class PageWork:
+    """What every page of one job shares."""
+
+    job: Job
+    ocr: OcrJob
+    store: Store
+    relay: Relay
+    preprocessor: Preprocessor
+    events: JobEvents
+    meter: Meter | None = None  # usage per key (None: OCRVL_USAGE=off)
+
+
+async def run_pages(work: PageWork, concurrency: int) -> None:
+    """Read and keep every page of the job not kept yet; returns once all are kept."""
+    BACKGROUND.set(True)  # this task's (and its page tasks') requests take the background lane
+    kept = await work.store.page_numbers(work.job.id)
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(index: int) -> None:
+        try:
+            await _page(work, index)
+        finally:
+            slots.release()
+
+    async with asyncio.TaskGroup() as group:  # one failure (the store gone) stops them all
+        for index in work.ocr.pages:
+            if index + 1 in kept:
+                continue
+            await slots.acquire()
+            group.create_task(one(index))
+
+
+async def _never() -> Message:
+    """A job has no client to leave: its pages end when their task is cancelled."""
+    await asyncio.Event().wait()
+    return {"type": "http.disconnect"}  # pragma: no cover (never reached)
+
+
+async def _page(work: PageWork, index: int) -> None:
+    number = index + 1
+    job = work.job
+    started = time.perf_counter()
+    for delay in (*RETRY_DELAYS, None):
+        context = RequestContext(
+            request_id=f"{job.id}-p{number}",
+            key_name=job.owner,
+            model=job.spec.get("model"),
+            served_model=work.ocr.model,
+        )
+        try:
+            result = await _read(work, index, context)
+        except TRANSIENT:
+            if delay is None:
+                raise
+            await asyncio.sleep(delay)
+            continue
+        break
+    failed = result.error is not None
+    work.events.pages.labels("failed" if failed else "done").inc()
+    work.events.page_seconds.observe(time.perf_counter() - started)
+    usage = result.usage or {}
+    record = PageRecord(
+        number,
+        orjson.dumps(result.as_dict()),
+        failed,
+        int(usage.get("prompt_tokens") or 0),
+        int(usage.get("completion_tokens") or 0),
+    )
+    kept = await work.store.add_page(job.id, record)
+    if kept and not failed and work.meter is not None:  # once, even for a page read twice
+        work.meter.job_page(job.owner, work.ocr.model, usage)
+
+
+async def _read(work: PageWork, index: int, context: RequestContext) -> PageResult:
+    """The page's answer, or its error (transient ones raised, to be tried again)."""
+    number = index + 1
+    try:
+        rendered = await work.preprocessor.render(work.ocr.source, index)
+        response = await work.relay.complete(
+            page_request(work.ocr, rendered), work.ocr.model, context, _never
+        )
+        return read_answer(number, bytes(response.body), work.ocr.task)
+    except DocumentError as exc:
+        return PageResult(number, error=exc.as_gateway_error())
+    except TRANSIENT:
+        raise
+    except GatewayError as exc:
+        return PageResult(number, error=exc)
+
+
+def read_answer(number: int, body: bytes, task: str) -> PageResult:
+    """The page's text (a table also as HTML) from the backend's chat completion."""
+    try:
+        answer = orjson.loads(body)
+        choice = answer["choices"][0]
+        text = choice["message"].get("content") or ""
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
+        return PageResult(
+            number,
+            error=UpstreamError(f"the backend's answer is not a chat completion: {body[:200]!r}"),
+        )
+    html = otsl.to_html(text) if task == "table" and otsl.is_otsl(text) else None
+    return PageResult(number, text, choice.get("finish_reason"), answer.get("usage"), html)
+
+
+def ocr_job(job: Job, path: str) -> OcrJob:
+    """The job's stored spec as the page requests' OcrJob, reading the file at `path`."""
+    from app.documents.sniff import FileKind  # noqa: PLC0415
+
+    spec: dict[str, Any] = job.spec
+    source = Source(
+        path, FileKind(spec["kind"], spec["mime"]), spec["dpi"], spec["min_pixels"],
+        spec["max_pixels"], spec["max_page_pixels"],
+    )  # fmt: skip
+    return OcrJob(
+        source, list(spec["pages"]), spec["task"], spec["served_model"], spec["max_tokens"]
+    )

