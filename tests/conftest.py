@@ -270,8 +270,16 @@ def gateway(
     _stop(server.process)
 
 
+ENGINE_FIXTURES = {"serve_parser", "checker"}  # vLLM's own `vllm serve` parser, imported
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m engine` selects by the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Outside the engine venv, the tests marked `engine` are skipped, saying where they run."""
+    """A test that uses vLLM's parser is an `engine` test; outside the engine venv those are
+    skipped, saying where they run."""
+    for item in items:
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
     if not ENGINE_HERE:
         for item in items:
             if item.get_closest_marker("engine"):

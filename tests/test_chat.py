@@ -10,6 +10,7 @@ import pytest
 from app.main import create_app
 from tests.conftest import CLIENT_KEY, settings_for
 from tests.support.fake_backend import SERVED, FakeVLLM
+from tests.support.pages import paddleocr_body
 from tests.support.servers import lifespan_client
 
 pytestmark = pytest.mark.anyio
@@ -79,24 +80,7 @@ async def test_paddleocr_client_fields_pass_through_unchanged(
     gateway_client: httpx.AsyncClient, fake: FakeVLLM
 ) -> None:
     """Everything PaddleOCR's pipeline client sends reaches vLLM as sent."""
-    body = {
-        "model": SERVED,
-        "messages": [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQ"}},
-                    {"type": "text", "text": "OCR:"},
-                ],
-            }
-        ],
-        "max_completion_tokens": 4096,
-        "temperature": 0,
-        "top_p": 1.0,
-        "repetition_penalty": 1.05,
-        "skip_special_tokens": True,
-        "mm_processor_kwargs": {"min_pixels": 112896, "max_pixels": 1003520},
-    }
+    body = paddleocr_body(SERVED)
     response = await gateway_client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200
     assert fake.bodies[-1] == body

@@ -17,7 +17,7 @@ import starlette
 
 from app.context import RouteLabels
 from app.logs import JSONFormatter
-from app.routes import chat, health, models, ocr
+from app.routes import chat, health, jobs, models, ocr, ui, usage
 from tests.support.fake_backend import FakeVLLM
 from tests.support.prometheus import LABEL
 
@@ -28,6 +28,15 @@ LABELS = {
     ("POST", "/v1/chat/completions"): (200, "/v1/chat/completions"),
     ("POST", "/chat/completions"): (200, "/chat/completions"),
     ("POST", "/v1/ocr"): (400, "/v1/ocr"),
+    ("POST", "/v1/ocr/jobs"): (400, "/v1/ocr/jobs"),
+    ("GET", "/v1/ocr/jobs"): (200, "/v1/ocr/jobs"),
+    ("GET", "/v1/ocr/jobs/job_unknown"): (404, "/v1/ocr/jobs/{job_id}"),
+    ("DELETE", "/v1/ocr/jobs/job_unknown"): (404, "/v1/ocr/jobs/{job_id}"),
+    ("GET", "/v1/ocr/jobs/job_unknown/result"): (404, "/v1/ocr/jobs/{job_id}/result"),
+    ("GET", "/v1/usage"): (200, "/v1/usage"),
+    ("GET", "/ui"): (200, "/ui"),
+    ("GET", "/ui/app.js"): (200, "/ui/{name}"),
+    ("GET", "/ui/missing.js"): (404, "/ui/{name}"),
     ("GET", "/v1/models"): (200, "/v1/models"),
     ("GET", "/models"): (200, "/models"),
     ("GET", "/openapi.json"): (200, "/openapi.json"),
@@ -51,11 +60,11 @@ def requests_by_label(metrics_text: str) -> dict[tuple[str, str], float]:
 
 def test_the_table_names_every_route_the_gateway_declares() -> None:
     """Each path of the gateway's routers (and FastAPI's /openapi.json) is pinned above."""
+    routers = (chat.router, ocr.router, jobs.router, usage.router, models.router, health.router)
     declared = {"/openapi.json"} | {
-        route.path for router in (chat.router, ocr.router, models.router, health.router)
-        for route in router.routes
+        route.path for router in (*routers, ui.router) for route in router.routes
     }  # fmt: skip
-    pinned = {path for (_, path), (_, label) in LABELS.items() if label != "unmatched"}
+    pinned = {label for _, label in LABELS.values() if label != "unmatched"}
     assert declared == pinned | QUIET
 
 

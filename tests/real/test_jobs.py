@@ -59,10 +59,10 @@ def jobs_gateway(vllm: VLLMServer, folder: Path, **env: str) -> GatewayServer:
 def jobs_server(
     vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayServer]:
-    """One gateway for the API tests: jobs of at most 60 pages and 4 MiB."""
+    """One gateway for the API tests: jobs of at most 60 pages and 12 MiB."""
     server = jobs_gateway(
         vllm_server, tmp_path_factory.mktemp("gw-jobs"), OCRVL_JOB_MAX_PAGES="60",
-        OCRVL_JOB_MAX_FILE_BYTES=str(4 * 1024 * 1024), OCRVL_WEBHOOK_SECRET="whsec_c2VjcmV0",
+        OCRVL_JOB_MAX_FILE_BYTES=str(12 * 1024 * 1024), OCRVL_WEBHOOK_SECRET="whsec_c2VjcmV0",
     )  # fmt: skip
     yield server
     _stop(server.process)
@@ -133,7 +133,7 @@ def test_refusals_are_clear_4xx_and_the_server_keeps_serving(
         assert (wait.status_code, wait.json()["error"]["param"]) == (400, "wait")
     callback = submit(jobs_server, pdf(1), callback_url="http://169.254.169.254/latest")
     assert (callback.status_code, callback.json()["error"]["code"]) == (400, "invalid_callback_url")
-    big = submit(jobs_server, b"%PDF-1.4\n" + b"0" * (5 * 1024 * 1024))
+    big = submit(jobs_server, b"%PDF-1.4\n" + b"0" * (13 * 1024 * 1024))
     assert big.status_code == 413
     many = submit(jobs_server, pdf(DOCUMENT_PAGES + 1))
     assert (many.status_code, many.json()["error"]["code"]) == (400, "too_many_pages")

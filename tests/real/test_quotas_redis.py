@@ -263,7 +263,7 @@ def test_cli_limits_take_effect_without_restart(
     assert statuses(3) == [200, 200, 429]  # 4 per minute, the 2 earlier ones included
     listing = ocrvl("list")
     line = next(line for line in listing.stdout.splitlines() if line.startswith("late "))
-    assert line.split() == ["late", "4", "5"]
+    assert line.split() == ["late", "4", "5", "none", "none"]  # no page budgets (per day, month)
     assert "sha256" not in listing.stdout
     assert all(h.hex() not in listing.stdout for h in (e.sha256 for e in KeyFile(path).read()))
 

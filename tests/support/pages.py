@@ -56,3 +56,26 @@ def chat_body(
         ],
         **extra,
     }
+
+
+def paddleocr_body(model: str) -> dict[str, Any]:
+    """Exactly what PaddleOCR's pipeline client sends for one page (shared/CLIENTS.md), with a
+    stub JPEG: the fields and values real pages carry."""
+    return {
+        "model": model,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQ"}},
+                    {"type": "text", "text": "OCR:"},
+                ],
+            }
+        ],
+        "max_completion_tokens": 4096,
+        "temperature": 0,
+        "top_p": 1.0,
+        "repetition_penalty": 1.05,
+        "skip_special_tokens": True,
+        "mm_processor_kwargs": {"min_pixels": 112896, "max_pixels": 1003520},
+    }
