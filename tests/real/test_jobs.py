@@ -74,14 +74,19 @@ def submit(server: GatewayServer, data: bytes, **fields: str) -> httpx.Response:
         return http.post("/v1/ocr/jobs", files={"file": ("doc.pdf", data)}, data=fields)
 
 
-def until(server: GatewayServer, job_id: str, done: Any, timeout: float = 240) -> dict[str, Any]:
-    """Long-poll the job until `done(job)`."""
+def until(
+    server: GatewayServer, job_id: str, done: Any, timeout: float = 240, wait: str = "2"
+) -> dict[str, Any]:
+    """Long-poll the job until `done(job)` (`wait` "0": poll every 50 ms, for a count of
+    pages, which a long poll does not return on)."""
     deadline = time.monotonic() + timeout
     with client(server) as http:
         while time.monotonic() < deadline:
-            job: dict[str, Any] = http.get(f"/v1/ocr/jobs/{job_id}", params={"wait": "2"}).json()
+            job: dict[str, Any] = http.get(f"/v1/ocr/jobs/{job_id}", params={"wait": wait}).json()
             if done(job):
                 return job
+            if wait == "0":
+                time.sleep(0.05)
     raise AssertionError(f"job {job_id} never got there: {job}")
 
 
@@ -175,8 +180,8 @@ def test_a_killed_gateway_s_job_is_finished_by_the_next_on_its_data_dir(
     """kill -9 mid-job (SQLite): a new `ocrvl serve` on the same data dir finishes it; every
     page once, and the engine reads only the pages not kept before the kill."""
     first = jobs_gateway(vllm_server, tmp_path)
-    job_id = submit(first, pdf(PAGES), max_tokens="16").json()["id"]
-    until(first, job_id, lambda job: job["pages_done"] >= 4)
+    job_id = submit(first, pdf(PAGES), max_tokens="32").json()["id"]
+    until(first, job_id, lambda job: job["pages_done"] >= 4, wait="0")
     first.process.kill()
     first.process.wait()
     with sqlite3.connect(tmp_path / "data" / "jobs.sqlite3") as db:
@@ -207,8 +212,8 @@ def test_a_killed_replica_s_job_is_finished_by_the_other(
     env = {"OCRVL_REDIS_URL": server.url, "OCRVL_JOB_LEASE": "3"}
     replicas = [jobs_gateway(vllm_server, tmp_path / f"r{i}", **env) for i in range(2)]
     try:
-        job_id = submit(replicas[0], pdf(PAGES), max_tokens="16").json()["id"]
-        until(replicas[0], job_id, lambda job: job["pages_done"] >= 4)
+        job_id = submit(replicas[0], pdf(PAGES), max_tokens="32").json()["id"]
+        until(replicas[0], job_id, lambda job: job["pages_done"] >= 4, wait="0")
         store = redis.Redis.from_url(server.url)
         holder = store.hget(f"ocrvl:job:{job_id}", "holder")
         assert holder is not None
