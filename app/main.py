@@ -120,6 +120,31 @@ def background(stack: AsyncExitStack, work: Coroutine[Any, Any, None]) -> None:
     stack.push_async_callback(cancel)
 
 
+def relay_for(
+    settings: Settings,
+    pool: BackendPool,
+    scheduler: Scheduler,
+    backend_key: str | None,
+    stack: AsyncExitStack,
+    *,
+    metering: bool,
+) -> Relay:
+    """The relay to the backends, over its own HTTP/1.1 connections closed by `stack`."""
+    upstream = Upstream(
+        settings.max_connections, settings.keepalive_expiry, settings.connect_timeout
+    )
+    stack.callback(upstream.close)
+    return Relay(
+        upstream,
+        pool,
+        scheduler,
+        backend_key=backend_key,
+        request_timeout=settings.request_timeout,
+        max_pixels=settings.max_pixels,
+        metering=metering,
+    )
+
+
 async def open_gateway(settings: Settings, metrics: Metrics, stack: AsyncExitStack) -> Gateway:
     """Open every long-lived object, each closed by `stack` in the reverse order of opening."""
     keyring = keyring_for(settings)
@@ -137,19 +162,7 @@ async def open_gateway(settings: Settings, metrics: Metrics, stack: AsyncExitSta
     background(stack, trim_when_idle(scheduler.busy))
     every, timeout = settings.metrics_interval, settings.connect_timeout
     background(stack, scheduler.watch(client, auth_header, every, timeout))
-    upstream = Upstream(
-        settings.max_connections, settings.keepalive_expiry, settings.connect_timeout
-    )
-    stack.callback(upstream.close)
-    relay = Relay(
-        upstream,
-        pool,
-        scheduler,
-        backend_key=backend_key,
-        request_timeout=settings.request_timeout,
-        max_pixels=settings.max_pixels,
-        metering=meter is not None,
-    )
+    relay = relay_for(settings, pool, scheduler, backend_key, stack, metering=meter is not None)
     documents = Preprocessor(settings.preprocess_workers)  # workers start on first use
     stack.push_async_callback(asyncio.to_thread, documents.close)
     media = MediaPolicy(settings)
