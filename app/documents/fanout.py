@@ -161,7 +161,7 @@ async def _page(
         response = await relay.complete(
             page_request(job, rendered), job.model, context, disconnect.receive
         )
-        result = _read_answer(number, bytes(response.body), job.task)
+        result = read_answer(number, bytes(response.body), job.task)
         if job.page_images:
             result.image = rendered.url
     except DocumentError as exc:
@@ -201,7 +201,9 @@ def page_request(job: OcrJob, page: RenderedPage) -> ChatRequest:
     return ChatRequest(payload=payload, raw=orjson.dumps(payload), model=job.model, stream=False)
 
 
-def _read_answer(number: int, body: bytes, task: str) -> PageResult:
+def read_answer(number: int, body: bytes, task: str) -> PageResult:
+    """The page's text (a table also as HTML) from the backend's chat completion;
+    UpstreamError when the answer is none."""
     try:
         answer = orjson.loads(body)
         choice = answer["choices"][0]

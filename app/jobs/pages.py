@@ -18,12 +18,11 @@ import orjson
 from starlette.types import Message
 
 from app.context import RequestContext
-from app.documents import otsl
 from app.documents.errors import DocumentError
-from app.documents.fanout import OcrJob, PageResult, page_request
+from app.documents.fanout import OcrJob, PageResult, page_request, read_answer
 from app.documents.raster import Source
 from app.documents.workers import Preprocessor
-from app.errors import BackendUnavailable, GatewayError, Overloaded, UpstreamError
+from app.errors import BackendUnavailable, GatewayError, Overloaded
 from app.jobs.events import JobEvents
 from app.proxy import Relay
 from app.scheduling.queue import BACKGROUND
@@ -124,21 +123,6 @@ async def _read(work: PageWork, index: int, context: RequestContext) -> PageResu
         raise
     except GatewayError as exc:
         return PageResult(number, error=exc)
-
-
-def read_answer(number: int, body: bytes, task: str) -> PageResult:
-    """The page's text (a table also as HTML) from the backend's chat completion."""
-    try:
-        answer = orjson.loads(body)
-        choice = answer["choices"][0]
-        text = choice["message"].get("content") or ""
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
-        return PageResult(
-            number,
-            error=UpstreamError(f"the backend's answer is not a chat completion: {body[:200]!r}"),
-        )
-    html = otsl.to_html(text) if task == "table" and otsl.is_otsl(text) else None
-    return PageResult(number, text, choice.get("finish_reason"), answer.get("usage"), html)
 
 
 def ocr_job(job: Job, path: str) -> OcrJob:
