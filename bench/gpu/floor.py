@@ -109,21 +109,55 @@ def timed(fn: Callable[[], object], device: torch.device, graphs: bool, repeat: 
     return statistics.median(samples)
 
 
+BACKENDS = ("flash", "cudnn", "efficient", "auto")  # SDPA's kernels; auto: SDPA's own choice
+
+
 def stage(
-    fn: Callable[[], object], device: torch.device, args: argparse.Namespace, refused: list[str]
+    fn: Callable[[], object],
+    device: torch.device,
+    args: argparse.Namespace,
+    kernels: dict[str, Any],
 ) -> float:
-    """`timed(fn)` with SDPA held to flash attention on a GPU; where flash refuses the shapes,
-    timed again with SDPA's own choice, and why in `refused`."""
+    """`timed(fn)` under each of --backends' SDPA kernels on a GPU (a refusal noted, not fatal):
+    the floor is the fastest the hardware does, so the stage's time is the best of them."""
     if device.type != "cuda":
         return timed(fn, device, args.graphs, args.repeat)
     from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
 
-    try:
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return timed(fn, device, args.graphs, args.repeat)
-    except RuntimeError as exc:
-        refused.append(str(exc).splitlines()[0][:200])
-        return timed(fn, device, args.graphs, args.repeat)
+    chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+              "efficient": SDPBackend.EFFICIENT_ATTENTION}  # fmt: skip
+    times: dict[str, float | str] = {}
+    for name in args.backends:
+        try:
+            if name == "auto":
+                times[name] = timed(fn, device, args.graphs, args.repeat)
+            else:
+                with sdpa_kernel(chosen[name]):
+                    times[name] = timed(fn, device, args.graphs, args.repeat)
+        except RuntimeError as exc:
+            times[name] = "refused: " + str(exc).splitlines()[0][:160]
+    kernels.setdefault("stages", []).append(times)
+    timings = [ms for ms in times.values() if isinstance(ms, float)]
+    return min(timings) if timings else math.nan
+
+
+def profiled(fn: Callable[[], object], device: torch.device, path: Path, title: str) -> None:
+    """torch.profiler's CUDA kernel table of a few eager calls of `fn`, appended to `path`:
+    where a stage's time goes, kernel by kernel."""
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize(device)
+    table = prof.key_averages().table(
+        sort_by="cuda_time_total", row_limit=22, max_name_column_width=70
+    )
+    with path.open("a") as out:
+        out.write(f"## {title} (3 eager calls)\n\n{table}\n\n")
 
 
 def measure(
@@ -136,16 +170,16 @@ def measure(
         vision, text = Vision(s).to(dtype).eval(), Text(s).to(dtype).eval()
     v_rope = angles(page.patches, s.v_hidden // s.v_heads, device, dtype)
     encoder: list[dict[str, float]] = []
-    refused: list[str] = []
+    kernels: dict[str, Any] = {}
     with torch.inference_mode():
         for pages in args.encoder_batches:
             patches = torch.randn(pages, page.patches, 3 * s.patch**2, device=device, dtype=dtype)
-            ms = stage(lambda p=patches: vision(p, *v_rope), device, args, refused)
+            ms = stage(lambda p=patches: vision(p, *v_rope), device, args, kernels)
             encoder.append({"pages": pages, "ms_per_call": ms, "ms_per_page": ms / pages})
             del patches
         prompt = torch.randn(1, page.prompt_tokens, s.t_hidden, device=device, dtype=dtype)
         p_rope = angles(page.prompt_tokens, s.head_dim, device, dtype)
-        prefill = stage(lambda: text(prompt, p_rope), device, args, refused)
+        prefill = stage(lambda: text(prompt, p_rope), device, args, kernels)
         context = page.prompt_tokens + page.output_tokens // 2
         caches = [
             (torch.randn(args.batch, s.t_kv_heads, context, s.head_dim, device=device, dtype=dtype),
@@ -155,10 +189,19 @@ def measure(
         step = torch.randn(args.batch, 1, s.t_hidden, device=device, dtype=dtype)
         last = angles(context, s.head_dim, device, dtype)
         d_rope = (last[0][-1:], last[1][-1:])
-        decode = stage(lambda: text(step, d_rope, caches), device, args, refused)
-    attention = "sdpa (cpu)" if device.type != "cuda" else "sdpa flash"
-    if refused:
-        attention += " where it took the shapes; SDPA's own choice where: " + "; ".join(refused)
+        decode = stage(lambda: text(step, d_rope, caches), device, args, kernels)
+        if args.profile and device.type == "cuda":
+            path = args.out / "floor-profile.txt"
+            path.unlink(missing_ok=True)
+            one = torch.randn(1, page.patches, 3 * s.patch**2, device=device, dtype=dtype)
+            profiled(lambda: vision(one, *v_rope), device, path, "encoder, one page")
+            profiled(lambda: text(prompt, p_rope), device, path, "prefill, one page")
+            profiled(
+                lambda: text(step, d_rope, caches), device, path, f"decode step, {args.batch} seqs"
+            )
+    attention = (
+        "sdpa (cpu)" if device.type != "cuda" else "sdpa, best of " + ",".join(args.backends)
+    )
     best = min(encoder, key=lambda row: row["ms_per_page"])
     decode_per_page = decode * page.output_tokens / args.batch
     floor = best["ms_per_page"] + prefill + decode_per_page
@@ -173,6 +216,7 @@ def measure(
         "floor_ms_per_page": floor,
         "floor_pages_per_s": 1000 / floor,
         "attention": attention,
+        "kernels_ms": kernels.get("stages", []),  # per stage (encoder batches, prefill, decode)
         "dtype": str(dtype).removeprefix("torch."),
     }  # fmt: skip
 
@@ -206,6 +250,8 @@ def parser() -> argparse.ArgumentParser:
     options.add_argument("--no-graphs", dest="graphs", action="store_false")
     options.add_argument("--repeat", type=int, default=20, help="timed calls per stage")
     options.add_argument("--out", type=Path, default=Path("floor-out"))
+    options.add_argument("--backends", default=",".join(BACKENDS), help="SDPA kernels to time")
+    options.add_argument("--profile", action="store_true", help="kernel tables: floor-profile.txt")
     return options
 
 
@@ -213,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     """The command line: measure, print, write floor.json."""
     args = parser().parse_args(argv)
     args.encoder_batches = [int(b) for b in args.encoder_batches.split(",")]
+    args.backends = [name for name in args.backends.split(",") if name]
+    if unknown := set(args.backends) - set(BACKENDS):
+        parser().error(f"--backends: unknown {sorted(unknown)}; known: {', '.join(BACKENDS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
     args.graphs = args.graphs and device.type == "cuda"
     shapes = Shapes.read(args.config)
@@ -227,7 +277,6 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(device),
         "cuda_graphs": args.graphs,
     } | measure(shapes, page, args, device)
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "floor.json").write_text(json.dumps(report, indent=1) + "\n")
     print(table(report))
     return 0 if math.isfinite(report["floor_ms_per_page"]) else 1

@@ -28,7 +28,21 @@ def table(report: dict[str, Any]) -> str:
         f"| **floor** (encoder at its best batch, {enc['tflop_per_page']:.2f} TFLOP at "
         f"{enc['tflop_per_s']:.0f} TFLOP/s) | **{report['floor_ms_per_page']:.2f}** "
         f"= {report['floor_pages_per_s']:.1f} pages/s |",
+        *kernel_lines(report.get("kernels_ms", [])),
     ])  # fmt: skip
+
+
+def kernel_lines(stages: list[dict[str, Any]]) -> list[str]:
+    """Each stage's ms under every SDPA kernel timed (a GPU run), the best taken above."""
+    if not stages:
+        return []
+    names = list(stages[0])
+    lines = ["", "| stage (encoder batches, prefill, decode) | " + " | ".join(names) + " |",
+             "|---|" + "--:|" * len(names)]  # fmt: skip
+    for number, times in enumerate(stages):
+        cells = (f"{ms:.2f}" if isinstance(ms, float) else "refused" for ms in times.values())
+        lines.append(f"| {number + 1} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def attach(merged: dict[str, Any], path: Path) -> None:
@@ -38,8 +52,9 @@ def attach(merged: dict[str, Any], path: Path) -> None:
         return
     found = json.loads(path.read_text())
     keys = ("date", "page", "machine", "cuda_graphs", "attention", "dtype", "encoder",
-            "prefill_ms_per_page", "decode", "floor_ms_per_page", "floor_pages_per_s")  # fmt: skip
-    merged["floor"] = {key: found[key] for key in keys}
+            "prefill_ms_per_page", "decode", "floor_ms_per_page", "floor_pages_per_s",
+            "kernels_ms")  # fmt: skip
+    merged["floor"] = {key: found[key] for key in keys if key in found}
     per_s = found["floor_pages_per_s"]
     for row in merged["layouts"]:
         hey = row.get("hey") or {}

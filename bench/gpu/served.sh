@@ -11,7 +11,7 @@
 #
 # Stages chain in one call: `bash bench/gpu/served.sh floor run A:sweep,B:sweep,B:hey,A:hey merge
 # gpu-h200-DATE-floor` (a stage that takes an argument is followed by it). LEVELS, DURATION,
-# HEY_S, CORPUS, RUN_LIMIT tune `run`. What the call measured goes back as few files ($OUT holds
+# HEY_S, CORPUS, RUN_LIMIT tune `run`; FLOOR_ARGS=--profile adds the floor's kernel tables. What the call measured goes back as few files ($OUT holds
 # at most 8): the merged report, floor.json and raw.tar.gz (every result, serve.sh and engine log).
 set -uo pipefail
 export GPU_BENCH_DIR=/tmp/gpu-bench GPU_RESULTS_DIR=/tmp/gpu-results GPU_VLLM_VERSION=0.32.0
@@ -46,7 +46,8 @@ while [ $# -gt 0 ]; do
     nvidia-smi --query-gpu=name,memory.total,driver_version,uuid --format=csv,noheader
     ;;
   floor)
-    python3 -m bench.gpu.floor --out "$GPU_RESULTS_DIR" || echo "floor failed"
+    python3 -m bench.gpu.floor --out "$GPU_RESULTS_DIR" ${FLOOR_ARGS:-} || echo "floor failed"
+    cp "$GPU_RESULTS_DIR/floor-profile.txt" "$out/" 2>/dev/null
     ;;
   run)
     plan=${1:?run PLAN}; shift
