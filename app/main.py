@@ -16,6 +16,8 @@ from app import __version__, logs
 from app.allocator import trim_when_idle
 from app.auth import Keyring
 from app.backends import BackendPool
+from app.batches.requests import Chats
+from app.batches.runner import open_batches
 from app.context import RequestContextMiddleware
 from app.discovery import Discovery
 from app.documents.workers import Preprocessor
@@ -26,7 +28,7 @@ from app.media import MediaPolicy
 from app.metrics import Metrics
 from app.proxy import Relay
 from app.quotas import Quotas
-from app.routes import chat, health, jobs, models, ocr, ui, usage
+from app.routes import batches, chat, files, health, jobs, models, ocr, ui, usage
 from app.scheduling import Scheduler
 from app.settings import Settings
 from app.state import Gateway, State
@@ -171,6 +173,11 @@ async def open_gateway(settings: Settings, metrics: Metrics, stack: AsyncExitSta
         settings, metrics=metrics, scheduler=scheduler, relay=relay, documents=documents,
         stack=stack, meter=meter,
     )  # fmt: skip
+    images = ChatImages(settings, documents)
+    chats = Chats(settings, pool, relay, media, images)
+    batches = await open_batches(
+        settings, chats=chats, jobs=runner, documents=documents, stack=stack, meter=meter
+    )
     return Gateway(
         settings=settings,
         client=client,
@@ -182,9 +189,10 @@ async def open_gateway(settings: Settings, metrics: Metrics, stack: AsyncExitSta
         quotas=quotas,
         documents=documents,
         media=media,
-        images=ChatImages(settings, documents),
+        images=images,
         store=runner.store,
         jobs=runner,
+        batches=batches,
         usage=meter,
     )
 
@@ -207,7 +215,8 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
     )
     install_handlers(app)
-    routers = [chat.router, ocr.router, jobs.router, usage.router, models.router, health.router]
+    routers = [chat.router, ocr.router, jobs.router, files.router, batches.router, usage.router]
+    routers += [models.router, health.router]
     routers += ui.routers(settings)  # the /ui page, unless OCRVL_UI=off
     for router in routers:
         app.include_router(router)

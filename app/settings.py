@@ -244,6 +244,13 @@ class Settings(BaseSettings):
         description="Seconds a gateway's claim on a job lasts unrenewed: after a crash, another "
         "replica takes the job over this long after the last renewal.",
     )
+    # -- batches (docs/clients.md, Batches) --
+    batch_max_file_bytes: int = Field(
+        default=200 * MiB, gt=0, description="Size cap of one `/v1/files` upload (a batch's JSONL)."
+    )
+    batch_max_requests: int = Field(
+        default=50_000, gt=0, description="Request lines one batch's input file may hold."
+    )
     webhook_secret: SecretStr | None = Field(
         default=None,
         description="Standard Webhooks secret (`whsec_` + base64) that signs job callbacks; "

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 
 from app.auth import Keyring
 from app.backends import BackendPool
+from app.batches.runner import BatchRunner
 from app.context import RequestContext
 from app.documents.workers import Preprocessor
 from app.images import ChatImages
@@ -41,6 +42,7 @@ class Gateway:
     images: ChatImages  # chat images resized in the page workers (OCRVL_RESIZE_IMAGES)
     store: Store  # jobs, their pages and documents (SQLite in OCRVL_DATA_DIR, or Redis)
     jobs: Runner  # runs the store's jobs in the background lane
+    batches: BatchRunner  # runs batches (/v1/batches) there too; `.files`: /v1/files
     usage: Meter | None  # usage per key and page budgets (None: OCRVL_USAGE=off)
 
 

@@ -17,7 +17,7 @@ import starlette
 
 from app.context import RouteLabels
 from app.logs import JSONFormatter
-from app.routes import chat, health, jobs, models, ocr, ui, usage
+from app.routes import batches, chat, files, health, jobs, models, ocr, ui, usage
 from tests.support.fake_backend import FakeVLLM
 from tests.support.prometheus import LABEL
 
@@ -33,6 +33,15 @@ LABELS = {
     ("GET", "/v1/ocr/jobs/job_unknown"): (404, "/v1/ocr/jobs/{job_id}"),
     ("DELETE", "/v1/ocr/jobs/job_unknown"): (404, "/v1/ocr/jobs/{job_id}"),
     ("GET", "/v1/ocr/jobs/job_unknown/result"): (404, "/v1/ocr/jobs/{job_id}/result"),
+    ("POST", "/v1/files"): (400, "/v1/files"),
+    ("GET", "/v1/files"): (200, "/v1/files"),
+    ("GET", "/v1/files/file-unknown"): (404, "/v1/files/{file_id}"),
+    ("DELETE", "/v1/files/file-unknown"): (404, "/v1/files/{file_id}"),
+    ("GET", "/v1/files/file-unknown/content"): (404, "/v1/files/{file_id}/content"),
+    ("POST", "/v1/batches"): (400, "/v1/batches"),
+    ("GET", "/v1/batches"): (200, "/v1/batches"),
+    ("GET", "/v1/batches/batch_unknown"): (404, "/v1/batches/{batch_id}"),
+    ("POST", "/v1/batches/batch_unknown/cancel"): (404, "/v1/batches/{batch_id}/cancel"),
     ("GET", "/v1/usage"): (200, "/v1/usage"),
     ("GET", "/ui"): (200, "/ui"),
     ("GET", "/ui/app.js"): (200, "/ui/{name}"),
@@ -61,6 +70,7 @@ def requests_by_label(metrics_text: str) -> dict[tuple[str, str], float]:
 def test_the_table_names_every_route_the_gateway_declares() -> None:
     """Each path of the gateway's routers (and FastAPI's /openapi.json) is pinned above."""
     routers = (chat.router, ocr.router, jobs.router, usage.router, models.router, health.router)
+    routers += (files.router, batches.router)
     declared = {"/openapi.json"} | {
         route.path for router in (*routers, ui.router) for route in router.routes
     }  # fmt: skip

@@ -27,7 +27,7 @@ from app.jobs.events import JobEvents
 from app.proxy import Relay
 from app.scheduling.queue import BACKGROUND
 from app.store import Job, Store
-from app.store.base import PageRecord
+from app.store.base import PageRecord, StoreUnavailable
 from app.usage.meter import Meter
 
 TRANSIENT = (Overloaded, BackendUnavailable)
@@ -59,12 +59,21 @@ async def run_pages(work: PageWork, concurrency: int) -> None:
         finally:
             slots.release()
 
-    async with asyncio.TaskGroup() as group:  # one failure (the store gone) stops them all
-        for index in work.ocr.pages:
-            if index + 1 in kept:
-                continue
-            await slots.acquire()
-            group.create_task(one(index))
+    try:
+        async with asyncio.TaskGroup() as group:  # one failure (the store gone) stops them all
+            for index in work.ocr.pages:
+                if index + 1 in kept:
+                    continue
+                await slots.acquire()
+                group.create_task(one(index))
+    except* StoreUnavailable as outage:  # unwrapped: the runner pauses the job, never fails it
+        raise _first(outage) from None
+
+
+def _first(group: BaseExceptionGroup[StoreUnavailable]) -> StoreUnavailable:
+    """The first StoreUnavailable of a (nested) exception group."""
+    inner = group.exceptions[0]
+    return _first(inner) if isinstance(inner, BaseExceptionGroup) else inner
 
 
 async def _never() -> Message:

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 log = logging.getLogger("ocrvl.quotas")
@@ -16,6 +17,20 @@ log = logging.getLogger("ocrvl.quotas")
 # What a Redis that is down, restarting or unreachable raises through redis-py and limits.
 REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, OSError, TimeoutError)
 NOT_REACHED = "not reached yet"
+
+
+def store_client(url: str, timeout: float) -> Redis:
+    """A client for what must outlive a process (jobs, batch files, usage): a call that meets a
+    connection Redis closed (it restarted; the pool still holds that socket) goes once more on
+    a fresh connection, so a restart costs no request. A Redis that is down is one fast refused
+    connect more, not a wait (no back-off; timeouts are not retried)."""
+    return Redis.from_url(
+        url,
+        socket_timeout=timeout,
+        socket_connect_timeout=2,
+        retry=Retry(NoBackoff(), 1),
+        retry_on_error=[RedisConnectionError],
+    )
 
 
 def redacted(url: str) -> str:

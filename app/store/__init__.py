@@ -4,26 +4,42 @@
     SqliteStore       the embedded default: one SQLite file and a documents folder in
                       OCRVL_DATA_DIR, for one gateway
     RedisStore        when OCRVL_REDIS_URL is set: several replicas share jobs through Redis
+    files             batch files (`/v1/files`): SqliteFiles, and RedisFiles (redisfiles)
 
-`open_store(settings)` picks one at the lifespan; nothing above this package knows which. Usage
-totals and batches (later) add their records here, beside the jobs.
+`open_store(settings)` picks one at the lifespan; nothing above this package knows which.
+Batches (app/batches/) keep the same records as jobs, in their own tables or key prefix
+(`open_store(settings, batches=True)`), and their files beside them (`open_files`).
 """
 
 from __future__ import annotations
 
 from app.settings import Settings
 from app.store.base import ACTIVE, ENDED, Job, Store, new_job_id
+from app.store.files import Files
 
 
-def open_store(settings: Settings) -> Store:
-    """Redis when OCRVL_REDIS_URL is set, else SQLite in OCRVL_DATA_DIR (not yet opened)."""
+def open_store(settings: Settings, *, batches: bool = False) -> Store:
+    """Redis when OCRVL_REDIS_URL is set, else SQLite in OCRVL_DATA_DIR (not yet opened);
+    `batches`: the batches' records rather than the jobs'."""
     if settings.redis_url is not None:
-        from app.store.redisdb import RedisStore  # noqa: PLC0415 (only replicas need it)
+        from app.store.redisdb import BATCHES, P, RedisStore  # noqa: PLC0415 (replicas only)
 
-        return RedisStore(settings.redis_url.get_secret_value())
-    from app.store.sqlite import SqliteStore  # noqa: PLC0415
+        return RedisStore(settings.redis_url.get_secret_value(), BATCHES if batches else P)
+    from app.store.sqlite import BATCHES as TABLES  # noqa: PLC0415
+    from app.store.sqlite import Layout, SqliteStore  # noqa: PLC0415
 
-    return SqliteStore(settings.data_dir)
+    return SqliteStore(settings.data_dir, TABLES if batches else Layout())
 
 
-__all__ = ["ACTIVE", "ENDED", "Job", "Store", "new_job_id", "open_store"]
+def open_files(settings: Settings) -> Files:
+    """The batch files' store, beside the jobs' (not yet opened)."""
+    if settings.redis_url is not None:
+        from app.store.redisfiles import RedisFiles  # noqa: PLC0415
+
+        return RedisFiles(settings.redis_url.get_secret_value())
+    from app.store.files import SqliteFiles  # noqa: PLC0415
+
+    return SqliteFiles(settings.data_dir)
+
+
+__all__ = ["ACTIVE", "ENDED", "Files", "Job", "Store", "new_job_id", "open_files", "open_store"]

@@ -11,7 +11,8 @@
     ocrvl:jobs:expiry           sorted set: job → its `expires_at` (the TTL sweep)
     ocrvl:jobs:bytes            documents' bytes kept, all keys
 
-Every change of more than one key is one Lua script: atomic against the other replicas.
+Every change of more than one key is one Lua script: atomic against the other replicas. Batches
+(app/batches/) keep the same records under their own prefix, `ocrvl:batch:` (`BATCHES`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from redis.asyncio import Redis
-
-from app.quotas.link import REDIS_ERRORS, describe, redacted
+from app.quotas.link import REDIS_ERRORS, describe, redacted, store_client
 from app.store.base import ACTIVE, Job, PageRecord, StoreUnavailable, encoded
 
 log = logging.getLogger("ocrvl.store")
@@ -35,7 +34,7 @@ R = TypeVar("R")
 A = ParamSpec("A")
 
 P = "ocrvl:"
-RUNNABLE, EXPIRY, BYTES = P + "jobs:runnable", P + "jobs:expiry", P + "jobs:bytes"
+BATCHES = P + "batch:"
 COLUMNS = [column.name for column in fields(Job)]
 TIMEOUT = 5.0  # seconds per call: a 100 MB document takes a while
 
@@ -111,10 +110,6 @@ def answering(
     return call
 
 
-def _job(job_id: str) -> str:
-    return f"{P}job:{job_id}"
-
-
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
@@ -122,9 +117,12 @@ def _text(value: Any) -> str:
 class RedisStore:
     """Jobs in Redis, shared by every replica that points at it."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, prefix: str = P) -> None:
         self.where = f"redis ({redacted(url)})"
-        self._redis: Any = Redis.from_url(url, socket_timeout=TIMEOUT, socket_connect_timeout=2)
+        self._p = prefix
+        self._runnable, self._expiry = prefix + "jobs:runnable", prefix + "jobs:expiry"
+        self._bytes = prefix + "jobs:bytes"
+        self._redis: Any = store_client(url, TIMEOUT)
         self._claim: Any = self._redis.register_script(CLAIM)
         self._lease: Any = self._redis.register_script(LEASE)
         self._transition: Any = self._redis.register_script(TRANSITION)
@@ -142,6 +140,9 @@ class RedisStore:
         """Close the connections."""
         await self._redis.aclose()
 
+    def _job(self, job_id: str) -> str:
+        return f"{self._p}job:{job_id}"
+
     @answering
     async def create(self, job: Job, document: Path) -> None:
         """The record, the document and the indexes in one transaction."""
@@ -149,32 +150,32 @@ class RedisStore:
         await asyncio.to_thread(document.unlink)
         columns = {name: _text(value) for name, value in job.columns().items()}
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(_job(job.id), mapping=columns)
-            pipe.set(_job(job.id) + ":document", data)
-            pipe.zadd(f"{P}jobs:owner:{job.owner}", {job.id: job.created_at})
-            pipe.sadd(f"{P}jobs:active:{job.owner}", job.id)
-            pipe.zadd(RUNNABLE, {job.id: job.created_at})
-            pipe.incrby(BYTES, len(data))
+            pipe.hset(self._job(job.id), mapping=columns)
+            pipe.set(self._job(job.id) + ":document", data)
+            pipe.zadd(f"{self._p}jobs:owner:{job.owner}", {job.id: job.created_at})
+            pipe.sadd(f"{self._p}jobs:active:{job.owner}", job.id)
+            pipe.zadd(self._runnable, {job.id: job.created_at})
+            pipe.incrby(self._bytes, len(data))
             await pipe.execute()
 
     @answering
     async def get(self, job_id: str) -> Job | None:
         """The job, or None."""
-        values = await self._redis.hgetall(_job(job_id))
+        values = await self._redis.hgetall(self._job(job_id))
         return _decode(values)
 
     @answering
     async def _many(self, ids: list[bytes]) -> list[Job | None]:
         async with self._redis.pipeline(transaction=False) as pipe:
             for job_id in ids:
-                pipe.hgetall(_job(job_id.decode()))
+                pipe.hgetall(self._job(job_id.decode()))
             rows = await pipe.execute()
         return [_decode(row) for row in rows]
 
     @answering
     async def listing(self, owner: str, limit: int, after: str | None) -> list[Job]:
         """`owner`'s jobs, newest first (removed ones leave the index here)."""
-        index = f"{P}jobs:owner:{owner}"
+        index = f"{self._p}jobs:owner:{owner}"
         start = 0
         if after is not None:
             rank = await self._redis.zrevrank(index, after)
@@ -191,41 +192,48 @@ class RedisStore:
     @answering
     async def active(self, owner: str) -> int:
         """`owner`'s jobs queued or running."""
-        count: int = await self._redis.scard(f"{P}jobs:active:{owner}")
+        count: int = await self._redis.scard(f"{self._p}jobs:active:{owner}")
         return count
 
     @answering
     async def stored_bytes(self) -> int:
         """Bytes of the documents kept."""
-        return int(await self._redis.get(BYTES) or 0)
+        return int(await self._redis.get(self._bytes) or 0)
 
     @answering
     async def claim(self, holder: str, now: float, lease: float) -> Job | None:
         """The oldest claimable job, leased to `holder`."""
-        claimed = await self._claim(keys=[RUNNABLE], args=[now, now + lease, holder, P])
+        claimed = await self._claim(keys=[self._runnable], args=[now, now + lease, holder, self._p])
         return None if not claimed else await self.get(claimed.decode())
 
     @answering
     async def renew(self, job_id: str, holder: str, until: float) -> bool:
         """Extend the lease while `holder` has it."""
-        kept = await self._lease(keys=[_job(job_id), RUNNABLE], args=[job_id, holder, until])
+        kept = await self._lease(
+            keys=[self._job(job_id), self._runnable], args=[job_id, holder, until]
+        )
         return bool(kept)
 
     @answering
     async def release(self, job_id: str, holder: str) -> None:
         """Give the lease up: claimable at once."""
-        await self._lease(keys=[_job(job_id), RUNNABLE], args=[job_id, holder, 0])
+        await self._lease(keys=[self._job(job_id), self._runnable], args=[job_id, holder, 0])
 
     @answering
     async def transition(
         self, job_id: str, before: tuple[str, ...], status: str, changes: dict[str, Any]
     ) -> bool:
         """Compare-and-set the status, with `changes`."""
-        owner = await self._redis.hget(_job(job_id), "owner")
+        owner = await self._redis.hget(self._job(job_id), "owner")
         if owner is None:
             return False
         pairs = [item for name, value in changes.items() for item in (name, encoded(name, value))]
-        keys = [_job(job_id), RUNNABLE, f"{P}jobs:active:{owner.decode()}", EXPIRY]
+        keys = [
+            self._job(job_id),
+            self._runnable,
+            f"{self._p}jobs:active:{owner.decode()}",
+            self._expiry,
+        ]
         args: list[str | int] = [job_id, status, len(before), *before]
         args += [_text(v) for v in pairs]
         return bool(await self._transition(keys=keys, args=args))
@@ -240,25 +248,27 @@ class RedisStore:
             page.prompt_tokens,
             page.completion_tokens,
         ]
-        added = await self._add_page(keys=[_job(job_id), _job(job_id) + ":pages"], args=args)
+        added = await self._add_page(
+            keys=[self._job(job_id), self._job(job_id) + ":pages"], args=args
+        )
         return bool(added)
 
     @answering
     async def pages(self, job_id: str) -> list[bytes]:
         """The pages kept, in order."""
-        kept = await self._redis.hgetall(_job(job_id) + ":pages")
+        kept = await self._redis.hgetall(self._job(job_id) + ":pages")
         return [body for _, body in sorted(kept.items(), key=lambda item: int(item[0]))]
 
     @answering
     async def page_numbers(self, job_id: str) -> set[int]:
         """Numbers of the pages kept."""
-        numbers = await self._redis.hkeys(_job(job_id) + ":pages")
+        numbers = await self._redis.hkeys(self._job(job_id) + ":pages")
         return {int(number) for number in numbers}
 
     @answering
     async def document(self, job_id: str, folder: Path) -> Path | None:
         """The document copied into `folder` (the replica's own file for its workers)."""
-        data = await self._redis.get(_job(job_id) + ":document")
+        data = await self._redis.get(self._job(job_id) + ":document")
         if data is None:
             return None
         path = folder / job_id
@@ -268,35 +278,37 @@ class RedisStore:
     @answering
     async def drop_document(self, job_id: str) -> None:
         """Delete the document; it no longer counts in the stored bytes."""
-        await self._drop_document(keys=[_job(job_id) + ":document", _job(job_id), BYTES])
+        await self._drop_document(
+            keys=[self._job(job_id) + ":document", self._job(job_id), self._bytes]
+        )
 
     @answering
     async def drop_pages(self, job_id: str) -> None:
         """Delete the page results."""
-        await self._redis.delete(_job(job_id) + ":pages")
+        await self._redis.delete(self._job(job_id) + ":pages")
 
     @answering
     async def delete(self, job_id: str) -> None:
         """Delete everything of the job."""
-        owner = await self._redis.hget(_job(job_id), "owner")
+        owner = await self._redis.hget(self._job(job_id), "owner")
         await self.drop_document(job_id)
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(_job(job_id), _job(job_id) + ":pages")
-            pipe.zrem(RUNNABLE, job_id)
-            pipe.zrem(EXPIRY, job_id)
+            pipe.delete(self._job(job_id), self._job(job_id) + ":pages")
+            pipe.zrem(self._runnable, job_id)
+            pipe.zrem(self._expiry, job_id)
             if owner is not None:
-                pipe.zrem(f"{P}jobs:owner:{owner.decode()}", job_id)
-                pipe.srem(f"{P}jobs:active:{owner.decode()}", job_id)
+                pipe.zrem(f"{self._p}jobs:owner:{owner.decode()}", job_id)
+                pipe.srem(f"{self._p}jobs:active:{owner.decode()}", job_id)
             await pipe.execute()
 
     @answering
     async def due(self, now: float) -> list[Job]:
         """Jobs past their `expires_at`."""
-        ids = await self._redis.zrangebyscore(EXPIRY, "-inf", now, start=0, num=1000)
+        ids = await self._redis.zrangebyscore(self._expiry, "-inf", now, start=0, num=1000)
         jobs = await self._many(ids)
         gone = [job_id for job_id, job in zip(ids, jobs, strict=True) if job is None]
         if gone:
-            await self._redis.zrem(EXPIRY, *gone)
+            await self._redis.zrem(self._expiry, *gone)
         return [job for job in jobs if job is not None and job.status not in ACTIVE]
 
 

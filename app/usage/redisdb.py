@@ -12,7 +12,7 @@ from datetime import date
 
 from redis.asyncio import Redis
 
-from app.quotas.link import redacted
+from app.quotas.link import redacted, store_client
 from app.usage.base import FIELDS, Budget, Counts, DayTotals, Refusal, month_days
 
 P = "ocrvl:usage:"
@@ -45,7 +45,7 @@ class RedisUsage:
 
     def __init__(self, url: str) -> None:
         self.where = f"redis ({redacted(url)})"
-        self._redis: Redis = Redis.from_url(url, socket_timeout=TIMEOUT, socket_connect_timeout=2)
+        self._redis: Redis = store_client(url, TIMEOUT)
         self._reserve = self._redis.register_script(RESERVE)
 
     async def open(self) -> None:

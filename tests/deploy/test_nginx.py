@@ -134,12 +134,15 @@ def test_unreachable_gateway_gets_openai_502_with_retry_after(start_nginx: Start
     assert answer.headers["server"] == "nginx"  # server_tokens off: no version
 
 
-@pytest.mark.parametrize(("path", "limit"), [("/v1/ocr/jobs", "OCRVL_JOB_MAX_FILE_BYTES")])
+@pytest.mark.parametrize(
+    ("path", "limit"),
+    [("/v1/ocr/jobs", "OCRVL_JOB_MAX_FILE_BYTES"), ("/v1/files", "OCRVL_BATCH_MAX_FILE_BYTES")],
+)
 def test_a_job_over_its_body_cap_gets_nginxs_own_413(
     start_nginx: StartNginx, path: str, limit: str
 ) -> None:
-    """A job's document over NGINX_JOB_MAX_BODY_SIZE (here 1m) is refused by nginx itself, in
-    OpenAI's shape, naming the jobs' file limit; the general 20m cap does not apply to it."""
+    """A job's document (or a batch file) over NGINX_JOB_MAX_BODY_SIZE (here 1m) is refused by
+    nginx itself, in OpenAI's shape, naming its file limit; the general 20m cap does not apply."""
     with start_nginx(f"127.0.0.1:{free_port()}", NGINX_JOB_MAX_BODY_SIZE="1m") as front:
         response = httpx.post(f"{front.url}{path}", content=b"\0" * (2 * 1024 * 1024))
     answer = Answer(response.status_code, response.headers, response.content)

@@ -1,0 +1,97 @@
+"""The batch's output and error files, written from its kept lines once it ends.
+
+Each file's id comes from the batch's own (unguessable) id, so a gateway that dies while writing
+them and is replaced writes the same two files again rather than two more. Lines go to a spooled
+file one at a time, then into the file store, which keeps them for OCRVL_JOB_TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from app.batches.lines import is_error, output_line, read_lines
+from app.store import Files
+from app.store.files import FileRecord
+
+OUTPUT = "batch_output"
+
+
+def file_id(batch_id: str, which: str) -> str:
+    """The id of the batch's `which` ("output", "error") file: the same on every gateway."""
+    digest = hashlib.sha256(f"{batch_id}:{which}".encode()).hexdigest()
+    return f"file-{digest[:32]}"
+
+
+def _split(bodies: list[bytes], folder: Path) -> tuple[Path, int, Path, int]:
+    """The kept lines written to an output and an error file (blocking)."""
+    output, errors = folder / "output.jsonl", folder / "errors.jsonl"
+    counts = [0, 0]
+    with output.open("wb") as good, errors.open("wb") as bad:
+        for body in bodies:
+            failed = is_error(orjson.loads(body))
+            (bad if failed else good).write(body)
+            counts[failed] += 1
+    return output, counts[0], errors, counts[1]
+
+
+def expired_lines(path: Path, kept: set[int], into: Path, batch_id: str) -> int:
+    """Append an error line (`batch_expired`) for each line of `path` not in `kept` (blocking)."""
+    written = 0
+    with into.open("ab") as errors:
+        for number, raw in read_lines(path):
+            if number in kept:
+                continue
+            try:
+                custom_id = orjson.loads(raw).get("custom_id")
+            except (orjson.JSONDecodeError, AttributeError):
+                custom_id = None
+            message = "the batch's completion window ended before this request ran"
+            error = {"code": "batch_expired", "message": message, "line": number}
+            errors.write(output_line(custom_id, None, f"{batch_id}-l{number}", None, error))
+            written += 1
+    return written
+
+
+async def write_files(
+    files: Files,
+    batch_id: str,
+    owner: str,
+    bodies: list[bytes],
+    *,
+    ttl: float,
+    unrun: tuple[Path, set[int]] | None = None,
+) -> tuple[str | None, str | None]:
+    """(output file id, error file id), None for a file that would be empty; `unrun`: the
+    input file and the lines kept, the rest written as `batch_expired` errors."""
+    folder = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="ocrvl-batch-"))
+    try:
+        output, good, errors, bad = await asyncio.to_thread(_split, bodies, folder)
+        if unrun is not None:
+            bad += await asyncio.to_thread(expired_lines, unrun[0], unrun[1], errors, batch_id)
+        now = time.time()
+        ids: list[str | None] = []
+        for which, path, count in (("output", output, good), ("error", errors, bad)):
+            if not count:
+                ids.append(None)
+                continue
+            size = await asyncio.to_thread(os.path.getsize, path)
+            name = f"{batch_id}_{which}.jsonl"
+            record = FileRecord(file_id(batch_id, which), owner, name, OUTPUT, size, now, now + ttl)
+            await files.put(record, path)
+            ids.append(record.id)
+        return ids[0], ids[1]
+    finally:
+        await asyncio.to_thread(_remove, folder)
+
+
+def _remove(folder: Path) -> None:
+    for path in folder.iterdir():
+        path.unlink()
+    folder.rmdir()
