@@ -110,6 +110,18 @@ def answering(
     return call
 
 
+async def newest(redis: Any, index: str, limit: int, after: str | None) -> list[bytes]:
+    """Up to `limit` members of the sorted set `index`, newest first, after the member `after`
+    (none when `after` is not in it): one owner's page of a listing."""
+    start = 0
+    if after is not None:
+        rank = await redis.zrevrank(index, after)
+        if rank is None:
+            return []
+        start = rank + 1
+    return list(await redis.zrevrange(index, start, start + limit - 1))
+
+
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
@@ -176,13 +188,7 @@ class RedisStore:
     async def listing(self, owner: str, limit: int, after: str | None) -> list[Job]:
         """`owner`'s jobs, newest first (removed ones leave the index here)."""
         index = f"{self._p}jobs:owner:{owner}"
-        start = 0
-        if after is not None:
-            rank = await self._redis.zrevrank(index, after)
-            if rank is None:
-                return []
-            start = rank + 1
-        ids = await self._redis.zrevrange(index, start, start + limit - 1)
+        ids = await newest(self._redis, index, limit, after)
         jobs = await self._many(ids)
         gone = [job_id for job_id, job in zip(ids, jobs, strict=True) if job is None]
         if gone:

@@ -15,7 +15,7 @@ from typing import Any
 
 from app.quotas.link import redacted, store_client
 from app.store.files import CHUNK, FileRecord
-from app.store.redisdb import TIMEOUT, answering
+from app.store.redisdb import TIMEOUT, answering, newest
 
 P = "ocrvl:"
 EXPIRY = P + "files:expiry"
@@ -55,29 +55,22 @@ class RedisFiles:
     @answering
     async def get(self, file_id: str) -> FileRecord | None:
         """The record, or None."""
-        values = await self._redis.hgetall(_file(file_id))
-        if not values:
-            return None
-        return FileRecord.from_columns({k.decode(): v for k, v in values.items()})
+        return _record(await self._redis.hgetall(_file(file_id)))
 
     @answering
     async def listing(self, owner: str, limit: int, after: str | None) -> list[FileRecord]:
         """`owner`'s files, newest first (removed ones leave the index here)."""
         index = f"{P}files:owner:{owner}"
-        start = 0
-        if after is not None:
-            rank = await self._redis.zrevrank(index, after)
-            if rank is None:
-                return []
-            start = rank + 1
-        found = []
-        for raw in await self._redis.zrevrange(index, start, start + limit - 1):
-            record = await self.get(raw.decode())
-            if record is None:
-                await self._redis.zrem(index, raw)
-            else:
-                found.append(record)
-        return found
+        ids = await newest(self._redis, index, limit, after)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for file_id in ids:
+                pipe.hgetall(_file(file_id.decode()))
+            rows = await pipe.execute()
+        records = [_record(row) for row in rows]
+        gone = [file_id for file_id, record in zip(ids, records, strict=True) if record is None]
+        if gone:
+            await self._redis.zrem(index, *gone)
+        return [record for record in records if record is not None]
 
     async def content(self, file_id: str) -> AsyncIterator[bytes]:
         """The bytes, a GETRANGE at a time."""
@@ -111,3 +104,10 @@ class RedisFiles:
         """Ids past their expiry."""
         ids = await self._redis.zrangebyscore(EXPIRY, "-inf", now, start=0, num=1000)
         return [raw.decode() for raw in ids]
+
+
+def _record(values: dict[bytes, Any]) -> FileRecord | None:
+    """A file's hash as its record; None for a hash that is gone."""
+    if not values:
+        return None
+    return FileRecord.from_columns({k.decode(): v for k, v in values.items()})
