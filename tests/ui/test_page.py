@@ -181,12 +181,16 @@ def test_a_job_shows_its_progress_and_its_pages_as_they_are_kept(
         seen: list[str] = []
 
         def watch() -> bool:
+            # the state before the bar: the page sets the bar before it says done, so the bar
+            # read after "done" is the last one (read the other way round, a poll could see 3/4,
+            # then the page reach 4/4 and done before the state was read)
+            ended = browser.state() in ("done", "failed")
             value = browser.script("return document.body.dataset.progress")
             if value and value not in seen:
                 seen.append(value)
                 if value == "2/4":
                     browser.shot("job-progress")
-            return browser.state() in ("done", "failed")
+            return ended
 
         browser.wait(watch, SHORT)
     assert browser.state() == "done", browser.text("#status")
