@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,24 @@ def _interactive(args: argparse.Namespace) -> None:
         f"job pages/s during the window: {result['job_pages_per_s']:.2f}; capacity left by the "
         f"interactive load: {result['leftover_pages_per_s']:.2f} pages/s; share: "
         f"**{result['job_share_of_leftover']:.0%}** (target >= 80 %)",
+        "",
+        "Each round (its alone window, then its window with the job; a job that ends inside its "
+        "window ends that window):",
+        "",
+        "| round | p99 alone s | p99 with the job s | ratio | job pages/s | job s in window |",
+        "|---|---|---|---|---|---|",
+    ]
+    for number, one in enumerate(result["rounds"], 1):
+        ratio = one["with_job"]["p99"] / one["alone"]["p99"]
+        lines.append(
+            f"| {number} | {one['alone']['p99']:.3f} | {one['with_job']['p99']:.3f} "
+            f"| {ratio:.2f}x | {one['job_pages_per_s']:.2f} | {one['job_seconds_in_window']:.1f} |"
+        )
+    ratios = sorted(o["with_job"]["p99"] / o["alone"]["p99"] for o in result["rounds"])
+    lines += [
+        "",
+        f"Median of the rounds' p99 ratios: {statistics.median(ratios):.2f}x (the pooled ratio "
+        "above is the target's; a 30 s round's p99 rests on its slowest 2-3 pages).",
     ]
     result["machine"] = machine()
     tag = f"-c{args.job_concurrency}" if args.job_concurrency else ""

@@ -5,7 +5,9 @@ front of it with `;capacity=C` (the gateway's slots are what the background lane
 1. capacity: C chat pages at a time, closed loop, for `--seconds`: pages/s the stack serves.
 2. alone: open-loop chat pages (Poisson, seeded) at `--load` x capacity, for `--seconds`.
 3. with job: a 200-page PDF job is submitted, then the same arrivals again; the job's pages
-   kept during the window give its pages/s; then the job is cancelled.
+   kept during the window give its pages/s; then the job is cancelled. A job that ends inside
+   the window (200 pages take ~30 s at 6.5 pages/s) ends it: its pages/s are over the time it
+   ran, and only the chat pages answered before its end count as "with the job".
 Steps 2 and 3 alternate `--rounds` times (the machine's load drifts; alternating spreads the
 drift over both), and capacity is read again at the end (its mean is used).
 Every chat page and job page is the same kind of page (a 620x877 pt text page at the model's
@@ -156,8 +158,18 @@ async def closed_loop(url: str, body: bytes, workers: int, seconds: float) -> fl
         return done / (time.monotonic() - started)
 
 
-async def open_loop(url: str, body: bytes, rate: float, seconds: float, seed: int) -> list[float]:
-    """Poisson arrivals at `rate`/s for `seconds`; each answered request's latency."""
+async def open_loop(
+    url: str,
+    body: bytes,
+    rate: float,
+    seconds: float,
+    seed: int,
+    *,
+    until: list[float] | None = None,
+) -> list[float]:
+    """Poisson arrivals at `rate`/s for `seconds`; each answered request's latency. With
+    `until` (a list the caller fills with a `time.monotonic()` reading once a job has ended),
+    only the requests answered before that moment count: they ran wholly beside the job."""
     chance = random.Random(seed)  # noqa: S311 (arrival times, not secrets)
     latencies: list[float] = []
     async with client(url) as http:
@@ -165,7 +177,8 @@ async def open_loop(url: str, body: bytes, rate: float, seconds: float, seed: in
         async def one() -> None:
             started = time.perf_counter()
             response = await http.post("/v1/chat/completions", content=body)
-            if response.status_code == 200:
+            ended = time.monotonic()
+            if response.status_code == 200 and not (until and ended > until[0]):
                 latencies.append(time.perf_counter() - started)
 
         tasks = []
@@ -199,11 +212,35 @@ async def with_job(
             await asyncio.sleep(0.2)
             job = (await http.get(f"/v1/ocr/jobs/{job['id']}")).json()
         before, started = job["pages_done"], time.monotonic()
-        latencies = await open_loop(url, body, rate, seconds, seed)
-        job = (await http.get(f"/v1/ocr/jobs/{job['id']}")).json()
-        window = time.monotonic() - started
+        progress: list[tuple[float, int]] = []  # (s into the window, pages done): stalls show
+        ended: list[float] = []  # when the job was seen done, if within the window
+        done = before
+
+        async def sample() -> None:
+            nonlocal done
+            while True:
+                polled = (await http.get(f"/v1/ocr/jobs/{job['id']}")).json()
+                now = time.monotonic()
+                progress.append((round(now - started, 2), polled["pages_done"]))
+                done = polled["pages_done"]
+                if polled["status"] not in ("queued", "running"):
+                    ended.append(now)  # a fast engine ends 200 pages inside the window
+                    return
+                await asyncio.sleep(0.25)
+
+        sampler = asyncio.create_task(sample())
+        latencies = await open_loop(url, body, rate, seconds, seed, until=ended)
+        sampler.cancel()
+        window = (ended[0] if ended else time.monotonic()) - started
+        if not ended:
+            done = (await http.get(f"/v1/ocr/jobs/{job['id']}")).json()["pages_done"]
         await http.delete(f"/v1/ocr/jobs/{job['id']}")
-    return {"latencies": latencies, "job_pages_per_s": (job["pages_done"] - before) / window}
+    return {
+        "latencies": latencies,
+        "job_pages_per_s": (done - before) / window,
+        "job_seconds": window,
+        "progress": progress,
+    }
 
 
 def measure(args: Any) -> dict[str, Any]:
@@ -213,6 +250,7 @@ def measure(args: Any) -> dict[str, Any]:
     alone: list[float] = []
     busy: list[float] = []
     job_rates: list[float] = []
+    rounds: list[dict[str, Any]] = []
     capacities: list[float] = []
     loads = [os.getloadavg()[0]]
     concurrency = args.job_concurrency or args.capacity
@@ -226,16 +264,30 @@ def measure(args: Any) -> dict[str, Any]:
         print(f"capacity {capacities[0]:.2f} pages/s; interactive load {rate:.2f}/s", flush=True)
         for window in range(args.rounds):
             seed = args.seed + window
-            alone += asyncio.run(open_loop(url, body, rate, args.seconds, seed))
+            alone_round = asyncio.run(open_loop(url, body, rate, args.seconds, seed))
             with_one = asyncio.run(with_job(url, body, rate, args, seconds=args.seconds, seed=seed))
+            alone += alone_round
             busy += with_one["latencies"]
             job_rates.append(with_one["job_pages_per_s"])
             loads.append(os.getloadavg()[0])
-            print(f"round {window + 1}: job {job_rates[-1]:.2f} pages/s", flush=True)
+            rounds.append(
+                {
+                    "alone": summary(alone_round),
+                    "with_job": summary(with_one["latencies"]),
+                    "job_pages_per_s": with_one["job_pages_per_s"],
+                    "job_seconds_in_window": with_one["job_seconds"],
+                    "job_progress": with_one["progress"],
+                }
+            )
+            print(
+                f"round {window + 1}: p99 alone {rounds[-1]['alone']['p99']:.2f} s, with the "
+                f"job {rounds[-1]['with_job']['p99']:.2f} s; job {job_rates[-1]:.2f} pages/s",
+                flush=True,
+            )
         capacities.append(asyncio.run(closed_loop(url, body, args.capacity, args.seconds)))
     capacity = statistics.mean(capacities)
     alone_s, busy_s = summary(alone), summary(busy)
-    interactive_rate = busy_s["n"] / (args.seconds * args.rounds)
+    interactive_rate = busy_s["n"] / sum(r["job_seconds_in_window"] for r in rounds)
     leftover = max(capacity - interactive_rate, 1e-9)
     job_rate = statistics.mean(job_rates)
     return {
@@ -247,6 +299,7 @@ def measure(args: Any) -> dict[str, Any]:
         "p99_ratio": busy_s["p99"] / alone_s["p99"],
         "job_pages_per_s": job_rate,
         "job_pages_per_s_by_round": job_rates,
+        "rounds": rounds,
         "leftover_pages_per_s": leftover,
         "job_share_of_leftover": job_rate / leftover,
         "load_average_1m": loads,
