@@ -26,7 +26,7 @@ from app.batches.view import batch_object
 from app.bodies import capped
 from app.errors import InvalidRequest, NotFound, PayloadTooLarge, RateLimited, quoted
 from app.quotas import Admitted
-from app.routes.files import json_response, limit_of, listed, owned_file
+from app.routes.files import after_of, json_response, limit_of, listed, owned_file
 from app.state import Gateway, GatewayDep
 from app.store import ACTIVE, Job
 from app.store.base import CANCELLED, QUEUED
@@ -171,15 +171,7 @@ async def cancel(batch_id: str, key: KeyName, gateway: GatewayDep) -> Response:
 async def listing(request: Request, key: KeyName, gateway: GatewayDep) -> Response:
     """The key's batches, newest first: `limit` (1-100, default 20) after the batch `after`."""
     limit = limit_of(request, 20, LIST_LIMIT)
-    after = request.query_params.get("after") or None
-    if after is not None:
-        try:
-            await _owned(gateway, key, after)
-        except NotFound:
-            raise InvalidRequest(
-                f"`after` must be the id of one of this key's batches; got {quoted(after[:64])}",
-                param="after",
-            ) from None
+    after = await after_of(request, lambda batch_id: _owned(gateway, key, batch_id), "batches")
     batches = await gateway.batches.store.listing(key, limit + 1, after)
     shown = [batch_object(batch) for batch in batches[:limit]]
     return json_response(listed(shown, len(batches) > limit))

@@ -13,6 +13,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,23 @@ def limit_of(request: Request, default: int, bounds: tuple[int, int]) -> int:
             param="limit",
         )
     return int(raw)
+
+
+async def after_of(
+    request: Request, owned: Callable[[str], Awaitable[object]], what: str
+) -> str | None:
+    """The `after` query parameter, if any, checked by `owned` (NotFound: not one of the key's
+    `what`, a 400 naming it)."""
+    after = request.query_params.get("after") or None
+    if after is not None:
+        try:
+            await owned(after)
+        except NotFound:
+            raise InvalidRequest(
+                f"`after` must be the id of one of this key's {what}; got {quoted(after[:64])}",
+                param="after",
+            ) from None
+    return after
 
 
 async def _form(request: Request, cap: int) -> tuple[UploadFile, dict[str, str]]:
@@ -154,23 +172,11 @@ async def owned_file(gateway: Gateway, key: str, file_id: str) -> FileRecord:
 async def listing(request: Request, key: KeyName, gateway: GatewayDep) -> Response:
     """The key's files, newest first: `limit` after the file `after`; `purpose` filters."""
     limit = limit_of(request, LIST_LIMIT[1], LIST_LIMIT)
-    after = request.query_params.get("after") or None
-    if after is not None:
-        await _listed_after(gateway, key, after)
+    after = await after_of(request, lambda file_id: owned_file(gateway, key, file_id), "files")
     records = await gateway.batches.files.listing(key, limit + 1, after)
     purpose = request.query_params.get("purpose")
     shown = [file_object(r) for r in records[:limit] if purpose in (None, r.purpose)]
     return json_response(listed(shown, len(records) > limit))
-
-
-async def _listed_after(gateway: Gateway, key: str, after: str) -> None:
-    try:
-        await owned_file(gateway, key, after)
-    except NotFound:
-        raise InvalidRequest(
-            f"`after` must be the id of one of this key's files; got {quoted(after[:64])}",
-            param="after",
-        ) from None
 
 
 @router.get("/v1/files/{file_id}")

@@ -12,11 +12,12 @@ import contextlib
 import os
 import shutil
 import sqlite3
-import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
+
+from app.store.database import Database
 
 T = TypeVar("T")
 CHUNK = 256 * 1024
@@ -99,40 +100,24 @@ class SqliteFiles:
 
     def __init__(self, data_dir: Path) -> None:
         self.folder = Path(data_dir) / "files"
-        self.where = f"sqlite ({Path(data_dir) / 'files.sqlite3'})"
-        self._path = Path(data_dir) / "files.sqlite3"
-        self._db: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
+        self._database = Database(Path(data_dir) / "files.sqlite3", "file store")
+        self.where = f"sqlite ({self._database.path})"
 
     async def open(self) -> None:
         """Create the folder and the table."""
 
         def work() -> None:
             self.folder.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
-            db.row_factory = sqlite3.Row
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA busy_timeout=10000")
-            db.executescript(SCHEMA)
-            self._db = db
+            self._database.connect(SCHEMA)
 
         await asyncio.to_thread(work)
 
     async def close(self) -> None:
         """Close the database."""
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
+        self._database.close()
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        def locked() -> T:
-            with self._lock:
-                if self._db is None:
-                    raise RuntimeError("the file store is closed")
-                return work(self._db)
-
-        return await asyncio.to_thread(locked)
+        return await self._database.run(work)
 
     async def put(self, record: FileRecord, path: Path) -> None:
         """Move the bytes in, then (re)write the record."""

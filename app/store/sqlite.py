@@ -17,13 +17,13 @@ import fcntl
 import os
 import shutil
 import sqlite3
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
 from app.store.base import RUNNING, Job, PageRecord, encoded
+from app.store.database import Database
 
 T = TypeVar("T")
 COLUMNS = [column.name for column in fields(Job)]
@@ -67,9 +67,8 @@ class SqliteStore:
         self.data_dir = Path(data_dir)
         self.layout = layout
         self.documents = self.data_dir / layout.documents
-        self.where = f"sqlite ({self.data_dir / 'jobs.sqlite3'})"
-        self._db: sqlite3.Connection | None = None
-        self._lock = threading.Lock()  # one connection, one statement at a time
+        self._database = Database(self.data_dir / "jobs.sqlite3", "job store")
+        self.where = f"sqlite ({self._database.path})"
         self._owner_lock: int | None = None
 
     async def open(self) -> None:
@@ -78,14 +77,7 @@ class SqliteStore:
 
     def _open(self) -> None:
         self.documents.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(
-            self.data_dir / "jobs.sqlite3", check_same_thread=False, isolation_level=None
-        )
-        db.row_factory = sqlite3.Row
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA busy_timeout=10000")  # another process on the same dir: wait
-        db.executescript(SCHEMA.format(jobs=self.layout.jobs, pages=self.layout.pages))
-        self._db = db
+        db = self._database.connect(SCHEMA.format(jobs=self.layout.jobs, pages=self.layout.pages))
         fd = os.open(self.data_dir / self.layout.lock, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -97,22 +89,13 @@ class SqliteStore:
 
     async def close(self) -> None:
         """Close the database and let go of the data dir."""
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
+        self._database.close()
         if self._owner_lock is not None:
             os.close(self._owner_lock)
             self._owner_lock = None
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        def locked() -> T:
-            with self._lock:
-                if self._db is None:
-                    raise RuntimeError("the job store is closed")
-                return work(self._db)
-
-        return await asyncio.to_thread(locked)
+        return await self._database.run(work)
 
     def _sql(self, text: str) -> str:
         """`text` with {J} and {P} as this layout's job and page tables."""

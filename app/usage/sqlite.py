@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from app.store.database import Database
 from app.usage.base import Budget, Counts, DayTotals, Refusal, month_days
 
 T = TypeVar("T")
@@ -42,39 +42,23 @@ class SqliteUsage:
     def __init__(self, data_dir: Path) -> None:
         self.path = Path(data_dir) / FILE_NAME
         self.where = f"sqlite ({self.path})"
-        self._db: sqlite3.Connection | None = None
-        self._lock = threading.Lock()  # one connection, one statement at a time
+        self._database = Database(self.path, "usage store")
 
     async def open(self) -> None:
         """Create the folder and the table."""
         await asyncio.to_thread(self._open)
 
     def _open(self) -> None:
-        if self._db is not None:  # opened already (the meter tries again after a failure)
+        if self._database.connected:  # opened already (the meter tries again after a failure)
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("PRAGMA busy_timeout=10000")  # the job store or another process writing
-        db.executescript(SCHEMA)
-        self._db = db
+        self._database.connect(SCHEMA, rows=False, synchronous="NORMAL")
 
     async def close(self) -> None:
         """Close the connection."""
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
+        self._database.close()
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        def locked() -> T:
-            with self._lock:
-                if self._db is None:
-                    raise RuntimeError("the usage store is closed")
-                return work(self._db)
-
-        return await asyncio.to_thread(locked)
+        return await self._database.run(work)
 
     async def add(self, batch: dict[tuple[str, str], Counts]) -> None:
         """One transaction for the whole batch."""

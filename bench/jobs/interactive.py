@@ -159,27 +159,19 @@ async def closed_loop(url: str, body: bytes, workers: int, seconds: float) -> fl
 
 
 async def open_loop(
-    url: str,
-    body: bytes,
-    rate: float,
-    seconds: float,
-    seed: int,
-    *,
-    until: list[float] | None = None,
-) -> list[float]:
-    """Poisson arrivals at `rate`/s for `seconds`; each answered request's latency. With
-    `until` (a list the caller fills with a `time.monotonic()` reading once a job has ended),
-    only the requests answered before that moment count: they ran wholly beside the job."""
+    url: str, body: bytes, rate: float, seconds: float, seed: int
+) -> list[tuple[float, float]]:
+    """Poisson arrivals at `rate`/s for `seconds`; each answered request's (`time.monotonic()`
+    when it was answered, latency)."""
     chance = random.Random(seed)  # noqa: S311 (arrival times, not secrets)
-    latencies: list[float] = []
+    answered: list[tuple[float, float]] = []
     async with client(url) as http:
 
         async def one() -> None:
             started = time.perf_counter()
             response = await http.post("/v1/chat/completions", content=body)
-            ended = time.monotonic()
-            if response.status_code == 200 and not (until and ended > until[0]):
-                latencies.append(time.perf_counter() - started)
+            if response.status_code == 200:
+                answered.append((time.monotonic(), time.perf_counter() - started))
 
         tasks = []
         deadline = time.monotonic() + seconds
@@ -187,7 +179,7 @@ async def open_loop(
             tasks.append(asyncio.create_task(one()))
             await asyncio.sleep(chance.expovariate(rate))
         await asyncio.gather(*tasks)
-    return latencies
+    return answered
 
 
 def summary(latencies: list[float]) -> dict[str, float]:
@@ -213,30 +205,31 @@ async def with_job(
             job = (await http.get(f"/v1/ocr/jobs/{job['id']}")).json()
         before, started = job["pages_done"], time.monotonic()
         progress: list[tuple[float, int]] = []  # (s into the window, pages done): stalls show
-        ended: list[float] = []  # when the job was seen done, if within the window
-        done = before
 
-        async def sample() -> None:
-            nonlocal done
+        async def sample() -> float:
+            """Polls the job until it ends (a fast engine ends 200 pages inside the window);
+            when it was seen ended."""
             while True:
                 polled = (await http.get(f"/v1/ocr/jobs/{job['id']}")).json()
                 now = time.monotonic()
                 progress.append((round(now - started, 2), polled["pages_done"]))
-                done = polled["pages_done"]
                 if polled["status"] not in ("queued", "running"):
-                    ended.append(now)  # a fast engine ends 200 pages inside the window
-                    return
+                    return now
                 await asyncio.sleep(0.25)
 
         sampler = asyncio.create_task(sample())
-        latencies = await open_loop(url, body, rate, seconds, seed, until=ended)
+        answered = await open_loop(url, body, rate, seconds, seed)
+        ended = sampler.result() if sampler.done() else None
         sampler.cancel()
-        window = (ended[0] if ended else time.monotonic()) - started
-        if not ended:
+        if ended is None:
+            ended = time.monotonic()
             done = (await http.get(f"/v1/ocr/jobs/{job['id']}")).json()["pages_done"]
+        else:
+            done = progress[-1][1]
         await http.delete(f"/v1/ocr/jobs/{job['id']}")
-    return {
-        "latencies": latencies,
+    window = ended - started
+    return {  # only the chat pages answered before the job's end ran wholly beside it
+        "latencies": [latency for at, latency in answered if at <= ended],
         "job_pages_per_s": (done - before) / window,
         "job_seconds": window,
         "progress": progress,
@@ -264,7 +257,8 @@ def measure(args: Any) -> dict[str, Any]:
         print(f"capacity {capacities[0]:.2f} pages/s; interactive load {rate:.2f}/s", flush=True)
         for window in range(args.rounds):
             seed = args.seed + window
-            alone_round = asyncio.run(open_loop(url, body, rate, args.seconds, seed))
+            answered = asyncio.run(open_loop(url, body, rate, args.seconds, seed))
+            alone_round = [latency for _, latency in answered]
             with_one = asyncio.run(with_job(url, body, rate, args, seconds=args.seconds, seed=seed))
             alone += alone_round
             busy += with_one["latencies"]
