@@ -1,7 +1,8 @@
 """The GPU floor of one page: PaddleOCR-VL's arithmetic timed with plain torch, no serving stack.
 
     python -m bench.gpu.floor [--visual-tokens 1280 | --pixels 1240x1754] [--output-tokens 256]
-        [--batch 256] [--encoder-batches 1,2,4,8] [--config config.json] [--out DIR]
+        [--batch 256] [--encoder-batches 1,2,4,8] [--rotary unfused,fused,none]
+        [--backends flash,cudnn,efficient,auto] [--config config.json] [--out DIR] [--profile]
 
 From the model's config.json (default: app/profiles/data/paddleocr-vl-1.5/config.json; the tiny
 model's works too) it builds the real layer shapes with random weights (bf16 on a GPU, float32 on
@@ -9,15 +10,16 @@ the CPU): the vision encoder (patch embedding, 27 pre-norm layers with 2-D rotar
 the 2x2-merge projector), the language model (18 layers, grouped-query attention, SwiGLU, the LM
 head on the last token) and one decode step for `--batch` sequences at the page's mean decode
 context (prompt + half the output) against a KV cache of that length. On a GPU each stage is
-captured in a CUDA graph (no launch gaps; `--no-graphs` to time it eagerly) and SDPA is held to
-flash attention where it takes the shapes; times are medians of CUDA-event-timed replays.
+captured in a CUDA graph (no launch gaps; `--no-graphs` to time it eagerly) and timed under each
+SDPA kernel of `--backends`, the fastest kept; times are medians of CUDA-event-timed replays.
 
     floor ms per page = encoder ms per page (best batch) + prefill ms per page
                         + decode step ms x output tokens / batch
 
-(one decode step serves `batch` pages at once, and a page needs `output tokens` steps). It prints
-a table and writes floor.json into --out; bench.gpu.layouts' merge states each layout's pages/s
-as a fraction of it.
+(one decode step serves `batch` pages at once, and a page needs `output tokens` steps). Each mode
+of `--rotary` is one line of the floor (floor_model.py says how each applies it; `fused` also
+records its kernel's error against the arithmetic): it prints a table per line and writes
+floor-MODE.json into --out, and floor.json for the first (what bench.gpu.layouts' merge reads).
 """
 
 from __future__ import annotations
@@ -25,10 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,8 +35,25 @@ from typing import Any
 
 import torch
 
-from bench.gpu.floor_model import Shapes, Text, Vision, angles, encoder_tflop
+from bench.gpu.floor_model import (
+    ROTARY,
+    InPlace,
+    Shapes,
+    Text,
+    Vision,
+    angles,
+    encoder_tflop,
+    fused_kernel,
+    rope_for,
+    rotary,
+)
 from bench.gpu.floor_report import table
+from bench.gpu.floor_timing import (
+    BACKENDS,
+    profiled,
+    stage,
+    timed,  # noqa: F401 (bench.gpu.encoder_check times with floor.timed)
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "app" / "profiles" / "data" / "paddleocr-vl-1.5" / "config.json"
@@ -73,112 +89,37 @@ def page_of(shapes: Shapes, args: argparse.Namespace) -> Page:
                 pixels)  # fmt: skip
 
 
-def timed(fn: Callable[[], object], device: torch.device, graphs: bool, repeat: int) -> float:
-    """Median ms of `fn`: replays of its CUDA graph (or eager calls) timed by CUDA events on a
-    GPU, by the wall clock on the CPU, after warm-up calls."""
-    if device.type != "cuda":
-        for _ in range(2):
-            fn()
-        samples = []
-        for _ in range(repeat):
-            began = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - began) * 1000)
-        return statistics.median(samples)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    call = fn
-    if graphs:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        call = graph.replay
-    call()
-    samples = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+Models = tuple[Vision, Text, torch.dtype]
 
 
-BACKENDS = ("flash", "cudnn", "efficient", "auto")  # SDPA's kernels; auto: SDPA's own choice
-
-
-def stage(
-    fn: Callable[[], object],
-    device: torch.device,
-    args: argparse.Namespace,
-    kernels: dict[str, Any],
-) -> float:
-    """`timed(fn)` under each of --backends' SDPA kernels on a GPU (a refusal noted, not fatal):
-    the floor is the fastest the hardware does, so the stage's time is the best of them."""
-    if device.type != "cuda":
-        return timed(fn, device, args.graphs, args.repeat)
-    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
-
-    chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-              "efficient": SDPBackend.EFFICIENT_ATTENTION}  # fmt: skip
-    times: dict[str, float | str] = {}
-    for name in args.backends:
-        try:
-            if name == "auto":
-                times[name] = timed(fn, device, args.graphs, args.repeat)
-            else:
-                with sdpa_kernel(chosen[name]):
-                    times[name] = timed(fn, device, args.graphs, args.repeat)
-        except RuntimeError as exc:
-            times[name] = "refused: " + str(exc).splitlines()[0][:160]
-    kernels.setdefault("stages", []).append(times)
-    timings = [ms for ms in times.values() if isinstance(ms, float)]
-    return min(timings) if timings else math.nan
-
-
-def profiled(fn: Callable[[], object], device: torch.device, path: Path, title: str) -> None:
-    """torch.profiler's CUDA kernel table of a few eager calls of `fn`, appended to `path`:
-    where a stage's time goes, kernel by kernel."""
-    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
-
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize(device)
-    table = prof.key_averages().table(
-        sort_by="cuda_time_total", row_limit=22, max_name_column_width=70
-    )
-    with path.open("a") as out:
-        out.write(f"## {title} (3 eager calls)\n\n{table}\n\n")
-
-
-def measure(
-    s: Shapes, page: Page, args: argparse.Namespace, device: torch.device
-) -> dict[str, Any]:
-    """The three stages' times and the floor they add up to."""
+def build(s: Shapes, device: torch.device) -> Models:
+    """The encoder and language model with seeded random weights (bf16 on a GPU)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
     with torch.device(device):
-        vision, text = Vision(s).to(dtype).eval(), Text(s).to(dtype).eval()
-    v_rope = angles(page.patches, s.v_hidden // s.v_heads, device, dtype)
+        return Vision(s).to(dtype).eval(), Text(s).to(dtype).eval(), dtype
+
+
+def measure(
+    models: Models, s: Shapes, page: Page, args: argparse.Namespace, *,
+    device: torch.device, mode: str, kernel: InPlace | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The three stages' times with the rotary applied as `mode` says, and their floor."""
+    vision, text, dtype = models
+    heads = [s.t_heads, s.t_kv_heads, s.t_kv_heads]
+    v_rope = rope_for(mode, *angles(page.patches, s.v_hidden // s.v_heads, device, dtype),
+                      kernel, [])  # fmt: skip
     encoder: list[dict[str, float]] = []
     kernels: dict[str, Any] = {}
     with torch.inference_mode():
         for pages in args.encoder_batches:
             patches = torch.randn(pages, page.patches, 3 * s.patch**2, device=device, dtype=dtype)
-            ms = stage(lambda p=patches: vision(p, *v_rope), device, args, kernels)
+            ms = stage(lambda p=patches: vision(p, v_rope), device, args, kernels)
             encoder.append({"pages": pages, "ms_per_call": ms, "ms_per_page": ms / pages})
             del patches
         prompt = torch.randn(1, page.prompt_tokens, s.t_hidden, device=device, dtype=dtype)
-        p_rope = angles(page.prompt_tokens, s.head_dim, device, dtype)
+        p_rope = rope_for(mode, *angles(page.prompt_tokens, s.head_dim, device, dtype), kernel,
+                          heads)  # fmt: skip
         prefill = stage(lambda: text(prompt, p_rope), device, args, kernels)
         context = page.prompt_tokens + page.output_tokens // 2
         caches = [
@@ -188,17 +129,15 @@ def measure(
         ]  # fmt: skip
         step = torch.randn(args.batch, 1, s.t_hidden, device=device, dtype=dtype)
         last = angles(context, s.head_dim, device, dtype)
-        d_rope = (last[0][-1:], last[1][-1:])
+        d_rope = rope_for(mode, last[0][-1:], last[1][-1:], kernel, heads)
         decode = stage(lambda: text(step, d_rope, caches), device, args, kernels)
         if args.profile and device.type == "cuda":
             path = args.out / "floor-profile.txt"
-            path.unlink(missing_ok=True)
             one = torch.randn(1, page.patches, 3 * s.patch**2, device=device, dtype=dtype)
-            profiled(lambda: vision(one, *v_rope), device, path, "encoder, one page")
-            profiled(lambda: text(prompt, p_rope), device, path, "prefill, one page")
-            profiled(
-                lambda: text(step, d_rope, caches), device, path, f"decode step, {args.batch} seqs"
-            )
+            profiled(lambda: vision(one, v_rope), device, path, f"{mode}: encoder, one page")
+            profiled(lambda: text(prompt, p_rope), device, path, f"{mode}: prefill, one page")
+            profiled(lambda: text(step, d_rope, caches), device, path,
+                     f"{mode}: decode step, {args.batch} seqs")  # fmt: skip
     attention = (
         "sdpa (cpu)" if device.type != "cuda" else "sdpa, best of " + ",".join(args.backends)
     )
@@ -219,6 +158,32 @@ def measure(
         "kernels_ms": kernels.get("stages", []),  # per stage (encoder batches, prefill, decode)
         "dtype": str(dtype).removeprefix("torch."),
     }  # fmt: skip
+
+
+def rotary_check(
+    s: Shapes, page: Page, device: torch.device, kernel: InPlace, dtype: torch.dtype | None = None
+) -> dict[str, float]:
+    """The fused kernel against the arithmetic on fresh random q/k of the page's encoder and
+    prompt sizes: ||fused - unfused|| / ||unfused|| (bf16 operands: 1e-3 to 1e-2 is right); the
+    kernel gets cos/sin in q/k's dtype (bf16 on a GPU), as the Triton one asserts."""
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    errors = {}
+    shapes = {
+        "encoder": (page.patches, s.v_heads, s.v_hidden // s.v_heads),
+        "language model": (page.prompt_tokens, s.t_heads + s.t_kv_heads, s.head_dim),
+    }
+    for name, (n, heads, dim) in shapes.items():
+        cos, sin = angles(n, dim, device, torch.float32)
+        x = torch.randn(1, n, heads, dim, device=device, dtype=dtype)
+        want = rotary(x.float().transpose(1, 2), cos, sin).transpose(1, 2)
+        got = x.clone()
+        kernel(
+            got,
+            cos[:, : dim // 2].to(dtype).contiguous(),
+            sin[:, : dim // 2].to(dtype).contiguous(),
+        )
+        errors[name] = float((got.float() - want).norm() / want.norm())
+    return errors  # fmt: skip
 
 
 def machine(device: torch.device) -> dict[str, Any]:
@@ -252,34 +217,60 @@ def parser() -> argparse.ArgumentParser:
     options.add_argument("--out", type=Path, default=Path("floor-out"))
     options.add_argument("--backends", default=",".join(BACKENDS), help="SDPA kernels to time")
     options.add_argument("--profile", action="store_true", help="kernel tables: floor-profile.txt")
+    options.add_argument(
+        "--rotary",
+        default="unfused",
+        help="comma-separated, each one floor line: " + ", ".join(ROTARY),
+    )
     return options
 
 
+KERNELS = {"unfused": "eager arithmetic: cat, neg, two muls and an add on each of q and k",
+           "none": "left out"}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The command line: measure, print, write floor.json."""
+    """The command line: measure each rotary mode, print, write floor-MODE.json (and floor.json
+    for the first mode, what `bench.gpu.layouts merge` reads)."""
     args = parser().parse_args(argv)
     args.encoder_batches = [int(b) for b in args.encoder_batches.split(",")]
     args.backends = [name for name in args.backends.split(",") if name]
+    modes = [mode for mode in args.rotary.split(",") if mode]
     if unknown := set(args.backends) - set(BACKENDS):
         parser().error(f"--backends: unknown {sorted(unknown)}; known: {', '.join(BACKENDS)}")
+    if not modes or set(modes) - set(ROTARY):
+        parser().error(f"--rotary: one or more of {', '.join(ROTARY)}; got {args.rotary!r}")
     args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "floor-profile.txt").unlink(missing_ok=True)
     device = torch.device(args.device)
     args.graphs = args.graphs and device.type == "cuda"
     shapes = Shapes.read(args.config)
     page = page_of(shapes, args)
-    report = {
-        "tool": "bench.gpu.floor",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": "python -m bench.gpu.floor " + " ".join(argv or sys.argv[1:]),
-        "config": str(args.config),
-        "shapes": asdict(shapes),
-        "page": asdict(page),
-        "machine": machine(device),
-        "cuda_graphs": args.graphs,
-    } | measure(shapes, page, args, device)
-    (args.out / "floor.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(table(report))
-    return 0 if math.isfinite(report["floor_ms_per_page"]) else 1
+    models = build(shapes, device)
+    kernel, fused_name = fused_kernel(device) if "fused" in modes else (None, "")
+    finite = True
+    for number, mode in enumerate(modes):
+        report = {
+            "tool": "bench.gpu.floor",
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "command": "python -m bench.gpu.floor " + " ".join(argv or sys.argv[1:]),
+            "config": str(args.config),
+            "shapes": asdict(shapes),
+            "page": asdict(page),
+            "machine": machine(device),
+            "cuda_graphs": args.graphs,
+            "rotary": mode,
+            "rotary_kernel": fused_name if mode == "fused" else KERNELS[mode],
+        } | measure(models, shapes, page, args, device=device, mode=mode, kernel=kernel)
+        if mode == "fused" and kernel is not None:
+            report["rotary_check"] = rotary_check(shapes, page, device, kernel)
+        text = json.dumps(report, indent=1) + "\n"
+        (args.out / f"floor-{mode}.json").write_text(text)
+        if number == 0:
+            (args.out / "floor.json").write_text(text)
+        print(table(report) + "\n", flush=True)
+        finite = finite and math.isfinite(report["floor_ms_per_page"])
+    return 0 if finite else 1
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ def table(report: dict[str, Any]) -> str:
         f"Floor of one page ({page['visual_tokens']:,} visual tokens, {page['patches']:,} "
         f"patches, {page['prompt_tokens']:,} prompt tokens, {page['output_tokens']} output "
         f"tokens) on {report['machine'].get('gpu', report['machine']['device'])}, "
-        f"{report['dtype']}, {report['attention']}, CUDA graphs {report['cuda_graphs']}:",
+        f"{report['dtype']}, {report['attention']}, CUDA graphs {report['cuda_graphs']}, "
+        f"rotary {report.get('rotary', 'unfused')} ({report.get('rotary_kernel', 'eager')}):",
         "", "| stage | ms per page |", "|---|--:|", *rows,
         f"| LM prefill | {report['prefill_ms_per_page']:.2f} |",
         f"| one decode step of {dec['batch']} sequences at context {dec['context']:,}: "

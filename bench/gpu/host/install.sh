@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU host, after every part arrived: join, check, install vLLM 0.32.0 + torch 2.13.0 into
 # /tmp/site032 (the host's own torch 2.11 stays; /tmp/site032 shadows it via PYTHONPATH).
-#   bash install.sh
+#   bash install.sh      (from the checkout root: engine/vllm_plugin is installed beside vLLM)
 set -euo pipefail
 cat /tmp/chunks/whl.tar.part* > /tmp/whl.tar
 [ "$(sha256sum /tmp/whl.tar | cut -d' ' -f1)" = "$(cat /tmp/chunks/SHA256)" ] || { echo "sha256 mismatch: a part is missing or broken" >&2; exit 1; }
@@ -9,6 +9,14 @@ rm -rf /tmp/whl && mkdir -p /tmp/whl && tar -xf /tmp/whl.tar -C /tmp/whl && rm /
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site032 /tmp/whl/.whl/*.whl
 rm -rf /tmp/whl
 . "$(dirname "$0")/env.sh"
+# The project's vLLM plugin (engine/vllm_plugin: the packed vision encoder, on by default, off with
+# VLLM_PLUGINS=) beside vLLM; --target writes its entry point's metadata there, where vLLM's plugin
+# loader finds it through PYTHONPATH. Built by the host's own setuptools (no index).
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade --target /tmp/site032 engine/vllm_plugin
+# The layout service (engine/layout, issue 36) beside them, for scripts/serve.sh and
+# bench/gpu/pass.sh (`python3 -m ocrvl_layout`); everything it imports is the host's or vLLM's.
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade --target /tmp/site032 engine/layout
+python3 -c "import importlib.metadata as m; print('vllm plugins:', sorted(p.name for p in m.entry_points(group='vllm.general_plugins')))"
 python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'cudnn', torch.backends.cudnn.version(), 'nccl', torch.cuda.nccl.version())"
 # What only the GPU can tell: cuDNN 9.20 runs a conv (the vision patch embedding), FA3 is usable,
 # and the host's own packages that vLLM 0.32 wants newer than 0.23 did.

@@ -129,3 +129,116 @@ def test_merged_layouts_state_their_pages_per_s_as_a_fraction_of_the_floor(
     hey = next(row["hey"]["pages_per_s"] for row in merged["layouts"] if row["layout"] == "two-mps")
     assert cells[5] == f"{hey / per_s:.0%}"
     assert cells[6] == "1.55"  # hey against one-mps's hey (26.97)
+
+
+def halves_kernel(x: Any, cos: Any, sin: Any) -> None:
+    """The flash-attn rotary's contract in plain torch (a CPU stand-in for the Triton kernel):
+    x (batch, n, heads, dim) rotated in place, first half against second, by cos/sin halves."""
+    half = x.shape[-1] // 2
+    c, s = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
+    first, second = x[..., :half].clone(), x[..., half:].clone()
+    x[..., :half] = first * c - second * s
+    x[..., half:] = second * c + first * s
+
+
+@pytest.mark.parametrize("view", ["encoder", "language model"])
+def test_the_fused_rotary_rotates_q_and_k_in_place_as_the_arithmetic_does(view: str) -> None:
+    """Through a kernel with the flash-attn contract, `fused` gives the q, k, v `unfused` does,
+    for the encoder's (b, n, 3, heads, dim) view and the language model's GQA (b, n, heads, dim)
+    one; `none` leaves q and k as projected."""
+    import torch  # noqa: PLC0415
+
+    from bench.gpu import floor_model  # noqa: PLC0415
+
+    torch.manual_seed(1)
+    n, dim = 12, 8
+    cos, sin = floor_model.angles(n, dim, torch.device("cpu"), torch.float32)
+    split = [4, 2, 2]
+    shape = (2, n, 3, 4, dim) if view == "encoder" else (2, n, sum(split), dim)
+    qkv = torch.randn(*shape)
+    want = floor_model.rope_for("unfused", cos, sin, None, split)(qkv.clone())
+    got = floor_model.rope_for("fused", cos, sin, halves_kernel, split)(qkv.clone())
+    for expected, actual in zip(want, got, strict=True):
+        assert torch.allclose(expected, actual, atol=1e-5)
+    plain = floor_model.rope_for("none", cos, sin, None, split)(qkv.clone())
+    assert torch.equal(plain[2], want[2])  # v is never rotated
+    assert not torch.allclose(plain[0], want[0])  # q is rotated by the others
+
+
+def fake_triton_kernel(x: Any, cos: Any, sin: Any) -> None:
+    """A fake of vLLM's Triton rotary (`vllm_flash_attn.ops.triton.rotary.apply_rotary`): its
+    assertion (`x.dtype == cos.dtype`, rotary.py:177), then the contract in plain torch."""
+    assert x.dtype == cos.dtype == sin.dtype, f"x {x.dtype}, cos {cos.dtype}, sin {sin.dtype}"
+    halves_kernel(x, cos, sin)
+
+
+def test_the_fused_line_in_bf16_hands_the_kernel_cos_and_sin_in_q_and_k_s_dtype() -> None:
+    """As the floor runs on a GPU (bfloat16 weights and angles): the fused rope and the rotary
+    check give the kernel cos/sin in q/k's dtype (pass 9's fused line crashed on the assertion),
+    and the fused q/k stay within bf16 rounding of the arithmetic."""
+    import torch  # noqa: PLC0415
+
+    from bench.gpu import floor_model  # noqa: PLC0415
+
+    torch.manual_seed(2)
+    n, dim, bf16 = 12, 8, torch.bfloat16
+    cos, sin = floor_model.angles(n, dim, torch.device("cpu"), bf16)
+    qkv = torch.randn(2, n, 3, 4, dim, dtype=bf16)
+    want = floor_model.rope_for("unfused", cos, sin, None, [4, 4, 4])(qkv.clone())
+    got = floor_model.rope_for("fused", cos, sin, fake_triton_kernel, [4, 4, 4])(qkv.clone())
+    for expected, actual in zip(want, got, strict=True):
+        assert actual.dtype == bf16
+        assert torch.allclose(expected.float(), actual.float(), atol=5e-2)
+
+
+def test_the_rotary_check_in_bf16_hands_the_kernel_q_and_k_s_dtype(tmp_path: Path) -> None:
+    """The check beside the fused line, in bfloat16 as on a GPU, through the asserting fake."""
+    import torch  # noqa: PLC0415
+
+    shapes = floor.Shapes.read(shrunk_config(tmp_path))
+    page = floor.Page(visual_tokens=4, patches=16, prompt_tokens=14, output_tokens=4)
+    errors = floor.rotary_check(shapes, page, torch.device("cpu"), fake_triton_kernel,
+                                torch.bfloat16)  # fmt: skip
+    assert max(errors.values()) < 2e-2
+
+
+def test_every_rotary_mode_is_one_floor_line(tmp_path: Path) -> None:
+    """`--rotary unfused,fused,none`: one floor-MODE.json each, floor.json the first, each
+    naming its mode and kernel; on the CPU `fused` says the arithmetic stood in."""
+    argv = ["--config", str(shrunk_config(tmp_path)), "--visual-tokens", "16", "--output-tokens",
+            "8", "--batch", "4", "--encoder-batches", "1", "--repeat", "2", "--device", "cpu",
+            "--rotary", "unfused,fused,none", "--out", str(tmp_path)]  # fmt: skip
+    assert floor.main(argv) == 0
+    lines = {mode: json.loads((tmp_path / f"floor-{mode}.json").read_text())
+             for mode in ("unfused", "fused", "none")}  # fmt: skip
+    assert json.loads((tmp_path / "floor.json").read_text())["rotary"] == "unfused"
+    assert {mode: line["rotary"] for mode, line in lines.items()} == {m: m for m in lines}
+    assert "CPU" in lines["fused"]["rotary_kernel"]
+    assert lines["none"]["rotary_kernel"] == "left out"
+    assert "rotary_check" not in lines["fused"]  # no kernel to check on the CPU
+    for line in lines.values():
+        assert line["floor_ms_per_page"] > 0
+
+
+def test_an_unknown_rotary_mode_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """--rotary names only unfused, fused or none."""
+    with pytest.raises(SystemExit):
+        floor.main(["--rotary", "fast", "--device", "cpu"])
+    assert "--rotary" in capsys.readouterr().err
+
+
+def test_the_rotary_check_measures_a_kernel_against_the_arithmetic(tmp_path: Path) -> None:
+    """The check run beside the fused line on a GPU: a kernel true to the contract is within
+    float32 rounding; one that forgets the sine is far off."""
+    import torch  # noqa: PLC0415
+
+    shapes = floor.Shapes.read(shrunk_config(tmp_path))
+    page = floor.Page(visual_tokens=4, patches=16, prompt_tokens=14, output_tokens=4)
+    good = floor.rotary_check(shapes, page, torch.device("cpu"), halves_kernel)
+    assert set(good) == {"encoder", "language model"}
+    assert max(good.values()) < 1e-5
+
+    def no_sine(x: Any, cos: Any, sin: Any) -> None:
+        halves_kernel(x, cos, sin * 0)
+
+    assert min(floor.rotary_check(shapes, page, torch.device("cpu"), no_sine).values()) > 0.1

@@ -1,0 +1,216 @@
+"""PaddleOCR-VL's vision tower and projector run packed: every image of a step in one ViT call.
+
+`PackedEncoder` drives the modules vLLM's `PaddleOCRVLForConditionalGeneration` built (same
+objects, same weights); what it changes against vLLM 0.32's forward is listed, with why each
+change leaves the numbers equal, in `ocrvl_vllm_plugin.model`'s docstring.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+from vllm.model_executor.models.paddleocr_vl import (
+    Projector,
+    SiglipAttention,
+    SiglipEncoderLayer,
+    SiglipVisionEmbeddings,
+    SiglipVisionModel,
+)
+from vllm.platforms import current_platform
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+from ocrvl_vllm_plugin.packing import Packing
+
+# Interpolated position tables kept per grid. A page at PaddleOCR-VL's largest size (14,400
+# patches x 1,152 x bf16) is 33 MB; 64 MiB holds a few pages or many layout blocks, and stays
+# small against the memory vLLM leaves outside its own budget.
+POSITION_CACHE_BYTES = 64 << 20
+
+# Backends whose kernels take `max_seqlen` (the others are given None, as vLLM's class does).
+MAX_SEQLEN_BACKENDS = {
+    AttentionBackendEnum.FLASH_ATTN,
+    AttentionBackendEnum.ROCM_AITER_FA,
+    AttentionBackendEnum.TRITON_ATTN,
+}
+
+Rotate = Callable[..., torch.Tensor]
+
+
+def fused_rotary() -> Rotate | None:
+    """flash-attn's Triton rotary (the kernel vLLM's ApplyRotaryEmb runs on CUDA), which rotates
+    in place with fp32 math inside and asserts that cos/sin have x's dtype (the packed call casts
+    them once, to the projection's dtype); used only with OCRVL_PLUGIN_FUSED_ROTARY=1 on CUDA.
+    Off by default (None: vLLM's ApplyRotaryEmb runs on the q/k view, in fp32 as vLLM's class, so
+    the embeddings are bit-identical): with bf16 cos/sin greedy answers moved (0 of 8 pages equal
+    in the tenth H200 pass) and the two-engine default gained nothing from it (40.05 pages/s
+    against 39.84 without it, the README's "Fused rotary")."""
+    if os.environ.get("OCRVL_PLUGIN_FUSED_ROTARY", "0") != "1" or not current_platform.is_cuda():
+        return None
+    try:
+        from vllm.vllm_flash_attn.layers import rotary  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
+    except ImportError:
+        return None
+    return rotary.apply_rotary_emb  # type: ignore[no-any-return]
+
+
+class PositionCache:
+    """Position embeddings interpolated to a (h, w) grid, least recently used dropped first once
+    the tables exceed `budget` bytes."""
+
+    def __init__(self, embeddings: SiglipVisionEmbeddings, budget: int = POSITION_CACHE_BYTES):
+        self.embeddings = embeddings
+        self.budget = budget
+        self.tables: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
+        self.size = 0
+
+    def __call__(self, h: int, w: int) -> torch.Tensor:
+        """The (h * w, hidden) table of a grid (vLLM's own interpolation, made once per grid)."""
+        table = self.tables.get((h, w))
+        if table is not None:
+            self.tables.move_to_end((h, w))
+            return table
+        weight = self.embeddings.position_embedding.weight
+        table = self.embeddings.interpolate_pos_encoding(weight, h, w, True).squeeze(0)
+        nbytes = table.numel() * table.element_size()
+        if nbytes <= self.budget:
+            self.tables[(h, w)] = table
+            self.size += nbytes
+            while self.size > self.budget:
+                _, dropped = self.tables.popitem(last=False)
+                self.size -= dropped.numel() * dropped.element_size()
+        return table
+
+    def clear(self) -> None:
+        """Forget every table (the weights changed)."""
+        self.tables.clear()
+        self.size = 0
+
+
+@dataclass(frozen=True)
+class Layers:
+    """What every layer of one packed call shares: where each image starts, the rotary angles
+    (vLLM's attention takes those) and their cos/sin, the longest image (host tensor or None)."""
+
+    cu_seqlens: torch.Tensor
+    angles: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    max_seqlen: torch.Tensor | None
+
+
+class PackedEncoder:
+    """Runs `visual` and `projector` over a whole batch of images at once."""
+
+    def __init__(self, visual: SiglipVisionModel, projector: Projector) -> None:
+        self.vision = visual.vision_model
+        self.projector = projector
+        self.merge = visual.vision_model.config.spatial_merge_size
+        self.positions = PositionCache(self.vision.embeddings)
+        self.rotate = fused_rotary()
+
+    def __call__(
+        self, pixel_values: torch.Tensor | Sequence[torch.Tensor], image_grid_thw: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """One embedding tensor per image, in order, each (its tokens, text hidden size)."""
+        packing = Packing.of(image_grid_thw.tolist(), self.merge)
+        weight = self.vision.embeddings.patch_embedding.weight
+        if isinstance(pixel_values, torch.Tensor):  # same-sized images arrive stacked
+            pixels = pixel_values.flatten(0, 1)
+        else:
+            pixels = torch.cat(list(pixel_values))
+        cu_seqlens, rows, cols, merged = packing.to_device(weight.device)
+        hidden = self.embed(pixels.to(weight.dtype), packing)
+        hidden = self.encode(hidden, packing, cu_seqlens, rows, cols)
+        return torch.split(self.project(hidden, merged), packing.tokens)
+
+    def embed(self, pixels: torch.Tensor, packing: Packing) -> torch.Tensor:
+        """(1, patches, hidden): every patch embedded in one call, plus its grid's positions."""
+        patches: torch.Tensor = self.vision.embeddings.patch_embedding(pixels)
+        patches = patches.flatten(-2).squeeze(-1)
+        tables = []
+        for t, h, w in packing.grids:
+            table = self.positions(h, w)
+            tables.append(table.repeat(t, 1) if t > 1 else table)
+        return (patches + torch.cat(tables)).unsqueeze(0)
+
+    def encode(
+        self,
+        hidden: torch.Tensor,
+        packing: Packing,
+        cu_seqlens: torch.Tensor,
+        rows: torch.Tensor,
+        cols: torch.Tensor,
+    ) -> torch.Tensor:
+        """The encoder layers and the post-norm over the packed sequence; attention stays inside
+        each image (cu_seqlens)."""
+        encoder = self.vision.encoder
+        longest = max(max(h, w) for _, h, w in packing.grids)
+        angles = encoder.rotary_pos_emb(longest)[torch.stack([rows, cols], dim=-1)].flatten(1)
+        max_seqlen = None
+        if encoder.attn_backend in MAX_SEQLEN_BACKENDS:
+            # on the host: the kernels' .item() then reads no device memory (no sync per layer)
+            max_seqlen = torch.tensor(packing.max_seqlen, dtype=torch.int32)
+        cos, sin = angles.cos(), angles.sin()
+        if self.rotate is not None:  # the Triton kernel takes cos/sin in q/k's dtype (asserted)
+            cos, sin = cos.to(hidden.dtype), sin.to(hidden.dtype)
+        shared = Layers(cu_seqlens, angles, cos, sin, max_seqlen)
+        for layer in encoder.layers:
+            hidden = self.layer(cast(SiglipEncoderLayer, layer), hidden, shared)
+        normed: torch.Tensor = self.vision.post_layernorm(hidden)
+        return normed
+
+    def layer(
+        self, layer: SiglipEncoderLayer, hidden: torch.Tensor, shared: Layers
+    ) -> torch.Tensor:
+        """vLLM's SiglipEncoderLayer.forward, with the attention below."""
+        residual = hidden
+        hidden = layer.layer_norm1(hidden)
+        if layer.self_attn.tp_size > 1:  # vLLM's own attention: it gathers q/k/v across ranks
+            hidden = layer.self_attn(
+                hidden,
+                cu_seqlens=shared.cu_seqlens,
+                rotary_pos_emb=shared.angles,
+                max_seqlen=shared.max_seqlen,
+            )
+        else:
+            hidden = self.attention(layer.self_attn, hidden, shared)
+        hidden = residual + hidden
+        residual = hidden
+        hidden = layer.mlp(layer.layer_norm2(hidden))
+        return residual + hidden
+
+    def attention(
+        self, attn: SiglipAttention, hidden: torch.Tensor, shared: Layers
+    ) -> torch.Tensor:
+        """SiglipAttention.forward (one rank) with the rotary applied to the q/k half of the
+        packed qkv projection: in place by flash-attn's kernel on CUDA, else by vLLM's
+        ApplyRotaryEmb; cos/sin come computed once per call."""
+        length = hidden.shape[1]
+        heads = attn.num_attention_heads_per_partition
+        qkv, _ = attn.qkv_proj(hidden)
+        qkv = qkv.view(1, length, 3, heads, attn.hidden_size_per_attention_head)
+        qk = qkv[:, :, :2].flatten(2, 3)  # (1, length, 2 * heads, head_dim), a view
+        if self.rotate is not None:
+            self.rotate(qk, shared.cos, shared.sin, interleaved=False, inplace=True)
+            q, k, v = qkv.unbind(2)
+        else:
+            rotated = attn.apply_rotary_emb(qk, shared.cos, shared.sin).unflatten(2, (2, heads))
+            (q, k), v = rotated.unbind(2), qkv[:, :, 2]
+        context = attn.attn(
+            query=q, key=k, value=v, cu_seqlens=shared.cu_seqlens, max_seqlen=shared.max_seqlen
+        )
+        output, _ = attn.out_proj(context.flatten(2))
+        return output  # type: ignore[no-any-return]
+
+    def project(self, hidden: torch.Tensor, merged: torch.Tensor) -> torch.Tensor:
+        """The projector (mlp_AR) once over every image: pre-norm, each 2x2 block of patches
+        gathered into one row (the order `Packing.merged` gives), then the MLP."""
+        projector = self.projector
+        hidden = projector.pre_norm(hidden.squeeze(0))
+        hidden = hidden.index_select(0, merged).view(-1, projector.hidden_size)
+        return projector.linear_2(projector.act(projector.linear_1(hidden)))  # type: ignore[no-any-return]

@@ -1,0 +1,76 @@
+"""vLLM 0.32's `PaddleOCRVLForConditionalGeneration` with its vision encoder run packed.
+
+The subclass keeps everything of vLLM's class (processor, weights and their names, the language
+model, M-RoPE, the multimodal embedding contract) and replaces one method,
+`_process_image_input`, which vLLM runs once per engine step with every image of that step.
+vLLM's version loops `encode_image` over the images, one ViT call each, then the projector once
+per image. Here `PackedEncoder` (encoder.py) drives the same modules once for the whole step.
+
+What differs from vLLM's forward, and why the numbers stay equal:
+
+1. One ViT call over all images, `cu_seqlens` marking where each starts. Attention is the only
+   step that mixes patches, and MMEncoderAttention keeps it inside each image on every backend
+   vLLM picks (flash-attn / Triton varlen on CUDA; SDPA splits by `cu_seqlens` on CPU and on
+   CUDA's TORCH_SDPA). Every other step (patch embedding, LayerNorm, linear, GELU, residual)
+   works row by row. Differences: only matrix-multiply tiling over a longer M (fp32 ~1e-6).
+2. Position embeddings: vLLM's own `interpolate_pos_encoding`, once per (h, w) grid, kept in a
+   64 MiB least-recently-used cache (cleared when weights load) instead of per image per call.
+   The same function of the same weights: the same values.
+3. Rotary position ids are built on the host with numpy from the grids vLLM keeps on the host
+   (one copy to the device per call, not one `arange` chain per image); the angle table, its
+   gather and cos/sin run once per call instead of in each of the 27 layers. Same integers, the
+   same float ops on the same inputs.
+4. The rotary is applied to the q/k half of the packed qkv projection (a view), not to a
+   `torch.cat` of q and k. On CUDA flash-attn's Triton rotary, the kernel vLLM's ApplyRotaryEmb
+   calls there, rotates it in place: it computes in fp32 and rounds once to the model dtype,
+   which is what vLLM's `enable_fp32_compute` (upcast, same kernel, downcast) does with two
+   extra copies. Elsewhere vLLM's ApplyRotaryEmb module itself runs on the view.
+5. `max_seqlen` for the varlen kernels is a host tensor (as qwen2_5_vl passes it), so their
+   `.item()` reads no device memory: no device sync per layer. Same value.
+6. The projector (mlp_AR) runs once: pre-norm over all patches (row-wise), the 2x2 spatial
+   merge as one `index_select` in the order einops' `(t h p1 w p2) d -> (t h w) (p1 p2 d)`
+   gives per image (packing.py builds it), then linear_1, GELU, linear_2 once. The output is
+   split by each image's token count (t*h*w/4), one tensor per image, in order.
+7. With tensor parallelism > 1 each layer calls vLLM's own SiglipAttention (which gathers q/k/v
+   across ranks) with the packed sequence; only 4 above is then not applied.
+
+The layer loop in encoder.py restates SiglipEncoderLayer.forward (norm, attention, residual,
+norm, MLP, residual) around the new attention; no other vLLM code is copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+from vllm.model_executor.models.interfaces import MultiModalEmbeddings
+from vllm.model_executor.models.paddleocr_vl import (
+    PaddleOCRImagePixelInputs,
+    PaddleOCRVLForConditionalGeneration,
+)
+
+from ocrvl_vllm_plugin.encoder import PackedEncoder
+
+logger = init_logger("vllm.ocrvl_vllm_plugin")
+
+IN_USE = "PaddleOCR-VL packed vision encoder in use (plugin ocrvl_packed_encoder)"
+
+
+class PackedPaddleOCRVLForConditionalGeneration(PaddleOCRVLForConditionalGeneration):
+    """vLLM's PaddleOCR-VL, its images encoded in one packed ViT call per step."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        # A plain object holding the same modules: no second copy of any parameter
+        self.packed_encoder = PackedEncoder(self.visual, self.mlp_AR)
+        logger.info(IN_USE)
+
+    def _process_image_input(self, image_input: PaddleOCRImagePixelInputs) -> MultiModalEmbeddings:
+        return self.packed_encoder(image_input.pixel_values, image_input.image_grid_thw)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        loaded = super().load_weights(weights)
+        self.packed_encoder.positions.clear()  # tables interpolated from the old weights
+        return loaded

