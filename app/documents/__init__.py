@@ -10,4 +10,17 @@ fanout      pages to the backends through the same relay as chat, bounded per re
 otsl        the table model's OTSL tokens as an HTML table
 output      the answer: JSON, an NDJSON stream, or markdown
 errors      DocumentError, the one error the workers raise (a 400 on `file` or `pages`)
+
+The layout pipeline (a page read block by block, as PaddleX's PaddleOCR-VL pipeline reads it):
+raster → layouts → blocks/crops → relay → answers/markdown, driven by `parsing`.
+
+layout_options  `layout` and its overrides, checked (PaddleOCR-VL-1.5's defaults)
+layouts     the layout service's client: probed, balanced, its errors a 503 or 502
+blocks      PaddleX's rules after the layout model: overlaps, merging, prompts (pure)
+masks       a polygon's pixels (OpenCV's fillPoly), in pure Python
+polygons    polygon overlaps (shapely's), in pure Python
+crops       in the workers: each block's crop, masked, merged, trimmed, guarded, encoded
+answers     a block's answer as PaddleX keeps it (loops cut, math, tables as HTML)
+markdown    in the workers: the page's block list and markdown, as PaddleX assembles them
+parsing     one page through the pipeline; each block one request through the relay
 """

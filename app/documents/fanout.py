@@ -1,9 +1,10 @@
 """A document's pages to the backends: each page through the same relay as a chat request.
 
 Pages share the request's API key name (fairness by key), run at most
-OCRVL_OCR_PAGE_CONCURRENCY at a time, and come back as they finish. A page that fails carries
-its error; the others still come back. One task watches the client: once it has gone, every page
-still running is closed upstream and none is started.
+OCRVL_OCR_PAGE_CONCURRENCY at a time, and come back as they finish. A page is read whole
+(one request) or, with a layout, block by block (app/documents/parsing.py). A page that fails
+carries its error; the others still come back. One task watches the client: once it has gone,
+every page and block still running is closed upstream and none is started.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ from starlette.types import Message, Receive
 from app.chat import ChatRequest
 from app.context import RequestContext
 from app.documents import otsl
+from app.documents.blocks import Box
 from app.documents.errors import DocumentError
+from app.documents.layout_options import LayoutOptions
+from app.documents.layouts import LayoutService
+from app.documents.parsing import BLOCK_MAX_TOKENS, Pipeline, parse_page
 from app.documents.raster import RenderedPage, Source
 from app.documents.workers import Preprocessor
 from app.errors import ClientClosed, GatewayError, UpstreamError
@@ -50,6 +55,11 @@ class OcrJob:
     model: str  # the served name
     max_tokens: int | None
     page_images: bool = False  # each PageResult carries the page's JPEG data URL (`image`)
+    layout: LayoutOptions | None = None  # read block by block (None: each page whole)
+    model_len: int | None = None  # the served model's context length, if it says
+    # sampling fields every request of the document carries (temperature, top_p,
+    # repetition_penalty: PaddleX's `/layout-parsing`); empty: temperature 0 as PaddleX's client
+    sampling: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -63,6 +73,10 @@ class PageResult:
     html: str | None = None
     error: GatewayError | None = field(default=None, repr=False)
     image: str | None = field(default=None, repr=False)  # the page the model read (data URL)
+    markdown: str | None = None  # with a layout: the page's markdown (also its `text`)
+    blocks: list[dict[str, Any]] | None = field(default=None, repr=False)  # with a layout
+    images: dict[str, str] | None = field(default=None, repr=False)  # markdown path -> data URL
+    boxes: list[Box] | None = field(default=None, repr=False)  # with a layout: the service's
 
     def as_dict(self) -> dict[str, Any]:
         """The page as the API shows it (`error` in OpenAI's shape, only when it failed)."""
@@ -72,10 +86,9 @@ class PageResult:
             "finish_reason": self.finish_reason,
             "usage": self.usage,
         }
-        if self.image is not None:
-            shown["image"] = self.image
-        if self.html is not None:
-            shown["html"] = self.html
+        for name in ("image", "html", "markdown", "blocks", "images"):  # only those it has
+            if (value := getattr(self, name)) is not None:
+                shown[name] = value
         if self.error is not None:
             shown["error"] = self.error.body()["error"]
         return shown
@@ -111,14 +124,23 @@ async def run_pages(
     parent: RequestContext,
     disconnect: Disconnect,
     concurrency: int,
+    layouts: LayoutService | None = None,
+    block_concurrency: int = 32,
 ) -> AsyncGenerator[PageResult]:
-    """Every page of `job`, as each finishes."""
+    """Every page of `job`, as each finishes (block by block when `job.layout` is set)."""
     slots = asyncio.Semaphore(concurrency)
+    pipeline = None
+    if job.layout is not None and layouts is not None:
+        pipeline = Pipeline(
+            preprocessor, relay, layouts, asyncio.Semaphore(block_concurrency), disconnect.gone
+        )
 
     async def one(index: int) -> PageResult:
         async with slots:
             if disconnect.gone.is_set():
                 return PageResult(index + 1, error=ClientClosed("the client closed the connection"))
+            if pipeline is not None:
+                return await parse_page(job, index, pipeline, parent, disconnect.receive)
             return await _page(
                 job,
                 index,
@@ -148,14 +170,7 @@ async def _page(
     disconnect: Disconnect,
 ) -> PageResult:
     number = index + 1
-    context = RequestContext(
-        request_id=f"{parent.request_id}-p{number}",
-        client_request_id=parent.client_request_id,
-        client_retry=parent.client_retry,
-        key_name=parent.key_name,
-        model=parent.model,
-        served_model=job.model,
-    )
+    context = parent.part(f"p{number}", job.model)
     try:
         rendered = await preprocessor.render(job.source, index)
         response = await relay.complete(
@@ -190,15 +205,25 @@ def page_request(job: OcrJob, page: RenderedPage) -> ChatRequest:
             }
         ],
         "temperature": 0,
+        **job.sampling,
         # the bounds the page was resized to: the engine's own resize then changes nothing
         "mm_processor_kwargs": {
             "min_pixels": job.source.min_pixels,
             "max_pixels": job.source.max_pixels,
         },
     }
-    if job.max_tokens is not None:
-        payload["max_tokens"] = job.max_tokens
+    payload["max_tokens"] = page_max_tokens(job)
     return ChatRequest(payload=payload, raw=orjson.dumps(payload), model=job.model, stream=False)
+
+
+def page_max_tokens(job: OcrJob) -> int:
+    """The client's `max_tokens`, else a block's (PaddleOCR's own 4,096, its pipeline's most),
+    held to the engine's context length when known (vLLM also holds it to what the prompt
+    leaves). Without one, vLLM decodes to the context's end (37 s and 3,389 tokens a page on the
+    tiny model)."""
+    if job.max_tokens is not None:
+        return job.max_tokens
+    return min(BLOCK_MAX_TOKENS, job.model_len) if job.model_len else BLOCK_MAX_TOKENS
 
 
 def read_answer(number: int, body: bytes, task: str) -> PageResult:

@@ -14,6 +14,7 @@ from app.documents.fanout import PageResult
 
 NDJSON = "application/x-ndjson"
 MARKDOWN = "text/markdown"
+CUT = "<!-- page {} was cut at max_tokens: its text is incomplete -->"  # markdown's mark
 
 
 def negotiate(accept: str, stream: bool) -> str:
@@ -35,24 +36,47 @@ def total_usage(pages: list[PageResult]) -> dict[str, int]:
     return usage
 
 
-def document(model: str, pages: list[PageResult]) -> dict[str, Any]:
+def layout_fields(on: bool, fallback: str | None = None) -> dict[str, str]:
+    """How the document's pages were read: `layout` on or off, and why `auto` fell back."""
+    fields = {"layout": "on" if on else "off"}
+    if fallback is not None:
+        fields["layout_fallback"] = fallback
+    return fields
+
+
+def layout_headers(fields: dict[str, str]) -> dict[str, str]:
+    """`layout_fields` as response headers (x-ocr-layout, x-ocr-layout-fallback)."""
+    headers = {"x-ocr-layout": fields["layout"]}
+    if "layout_fallback" in fields:
+        reason = fields["layout_fallback"].encode("ascii", "replace").decode()
+        headers["x-ocr-layout-fallback"] = reason.replace("\r", " ").replace("\n", " ")[:500]
+    return headers
+
+
+def document(
+    model: str, pages: list[PageResult], layout: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The whole answer as one JSON object, pages in page order."""
     ordered = sorted(pages, key=lambda page: page.index)
     return {
         "model": model,
+        **(layout or {}),
         "pages": [page.as_dict() for page in ordered],
         "usage": total_usage(ordered),
     }
 
 
 def markdown(pages: list[PageResult]) -> str:
-    """The pages' text joined in page order; a table as HTML; a failed page as a comment."""
+    """The pages' text joined in page order; a table as HTML; a failed page, and a page cut by
+    `max_tokens` (after its text), as a comment."""
     parts = []
     for page in sorted(pages, key=lambda page: page.index):
         if page.error is not None:
             parts.append(f"<!-- page {page.index} failed: {page.error.message} -->")
         else:
             parts.append(page.html or page.text or "")
+            if page.finish_reason == "length":  # as JSON's finish_reason and /ui's note say
+                parts.append(CUT.format(page.index))
     return "\n\n".join(parts) + "\n"
 
 
@@ -73,10 +97,13 @@ class PageStream(Response):
         numbers: list[int],
         pages: AsyncIterator[PageResult],
         cleanup: contextlib.AsyncExitStack,
+        layout: dict[str, str] | None = None,
     ) -> None:
         self.status_code = 200
         self.background = None
-        self.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no"})
+        headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+        self.init_headers({**headers, **(layout_headers(layout) if layout else {})})
+        self._layout = layout or {}
         self._model = model
         self._numbers = numbers
         self._pages = pages
@@ -86,7 +113,8 @@ class PageStream(Response):
         # `receive` is not read here: one watcher (fanout.Disconnect) already reads it
         async with self._cleanup:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            head = {"object": "ocr.document", "model": self._model, "pages": self._numbers}
+            head: dict[str, Any] = {"object": "ocr.document", "model": self._model}
+            head |= {**self._layout, "pages": self._numbers}
             await self._line(send, head)
             done: list[PageResult] = []
             async for page in self._pages:

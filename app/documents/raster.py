@@ -11,9 +11,9 @@ import contextlib
 import math
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_raw
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 IMAGE_FORMATS = resize.IMAGE_FORMATS
 POINTS_PER_INCH = 72
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +76,29 @@ def inspect(source: Source, selection: PageSelection | None, max_pages: int) -> 
 
 def render(source: Source, index: int) -> RenderedPage:
     """Page `index` rasterised or decoded, upright, RGB, resized for the model, encoded."""
+    return _decoded(source, index, lambda image: _finish(source, image), forms=False)
+
+
+def page_image(source: Source, index: int) -> Image.Image:
+    """Page `index` at full resolution, upright and RGB: what the layout pipeline crops blocks
+    from. A PDF page is rendered at the requested dpi with its form fields drawn (PaddleX's
+    PDF reader: pypdfium2, `init_forms()`, scale 2 at the default 144 dpi), never shrunk."""
+    return _decoded(source, index, resize.upright_rgb, forms=True)
+
+
+def _decoded(source: Source, index: int, then: Callable[[Image.Image], T], *, forms: bool) -> T:
+    """`then` of page `index` as PIL gives it, while its file is open: a PDF page rendered (with
+    its form fields drawn when `forms`, at the requested dpi, else at the scale the model's
+    pixel bounds ask for), an image's frame decoded; both after the pixel check."""
     if source.kind.is_pdf:
         document = _open_pdf(source.path)
         try:
+            if forms:
+                document.init_forms()
             width, height = _pdf_pixels(source, document, index)
             _check_pixels(source, index, width, height)
-            bitmap = document[index].render(scale=_render_scale(source, width, height))
-            return _finish(source, bitmap.to_pil())
+            scale = source.dpi / POINTS_PER_INCH if forms else _render_scale(source, width, height)
+            return then(document[index].render(scale=scale).to_pil())
         except pdfium.PdfiumError as exc:
             raise DocumentError(
                 f"page {index + 1} of the PDF cannot be rendered: {exc}", "corrupt_file"
@@ -92,7 +109,7 @@ def render(source: Source, index: int) -> RenderedPage:
         image.seek(index)
         _check_pixels(source, index, image.width, image.height)
         image.load()
-        return _finish(source, image)
+        return then(image)
 
 
 def _render_scale(source: Source, width: int, height: int) -> float:
@@ -179,16 +196,15 @@ def _quiet_decoder(source: Source, doing: str) -> Iterator[None]:
 
 
 def _check_pixels(source: Source, index: int, width: int, height: int) -> None:
+    """The page's pixels and shape against the rules every route shares (app/documents/resize):
+    refused here, from its header or page box, before anything is decoded or sent."""
     if width * height > source.max_page_pixels:
         raise _too_large(source, index, width * height, f" ({width}x{height})")
+    resize.check_shape(f"page {index + 1}", width, height)
 
 
 def _too_large(source: Source, index: int, pixels: int | None, size: str = "") -> DocumentError:
     shown = f"{pixels:,} pixels{size}" if pixels else "too many pixels"
     at_dpi = f" at {source.dpi} dpi" if source.kind.is_pdf else ""
     hint = "send a lower `dpi`" if source.kind.is_pdf else "scale it down before sending"
-    return DocumentError(
-        f"page {index + 1} is {shown}{at_dpi}, over the {source.max_page_pixels:,} pixels a page "
-        f"may have (OCRVL_MAX_PAGE_PIXELS; decompression bombs are refused unread): {hint}",
-        "image_too_large",
-    )
+    return resize.too_large(f"page {index + 1}", shown + at_dpi, source.max_page_pixels, hint)

@@ -31,18 +31,13 @@ def smart_resize(
     height: int, width: int, min_pixels: int, max_pixels: int, factor: int = FACTOR
 ) -> tuple[int, int]:
     """(height, width), both multiples of `factor`, area within [min_pixels, max_pixels]."""
+    check_shape("the page", width, height)
     if height < factor:
         width = round((width * factor) / height)
         height = factor
     if width < factor:
         height = round((height * factor) / width)
         width = factor
-    if max(height, width) / min(height, width) > MAX_ASPECT:
-        raise DocumentError(
-            f"a page of {width}x{height} pixels is over the model's {MAX_ASPECT}:1 aspect ratio; "
-            "crop it into parts",
-            "aspect_ratio",
-        )
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     if h_bar * w_bar > max_pixels:
@@ -56,9 +51,46 @@ def smart_resize(
     return h_bar, w_bar
 
 
+def check_shape(where: str, width: int, height: int) -> None:
+    """DocumentError `aspect_ratio` when the model's processor would refuse a `width` x `height`
+    image (over 200:1 once a side under 28 pixels is lifted to 28, as vLLM's smart_resize
+    does): the one rule of chat, /v1/ocr, jobs and batches. `where` names it in the message."""
+    if width < 1 or height < 1:
+        raise DocumentError(f"{where} is {width}x{height} pixels: it has no area", "invalid_image")
+    high, wide = height, width
+    if high < FACTOR:
+        wide, high = round(wide * FACTOR / high), FACTOR
+    if wide < FACTOR:
+        high, wide = round(high * FACTOR / wide), FACTOR
+    if max(high, wide) / min(high, wide) > MAX_ASPECT:
+        raise DocumentError(
+            f"{where} is {width}x{height} pixels, over the {MAX_ASPECT}:1 aspect ratio "
+            "PaddleOCR-VL's image processor takes; crop it into parts",
+            "aspect_ratio",
+        )
+
+
+def check_pixels(where: str, width: int, height: int, most: int, hint: str) -> None:
+    """DocumentError `image_too_large` past `most` pixels (OCRVL_MAX_PAGE_PIXELS), read from
+    the header: the one rule of chat, /v1/ocr, jobs and batches."""
+    if width * height > most:
+        raise too_large(where, f"{width * height:,} pixels", most, hint)
+
+
+def too_large(where: str, size: str, most: int, hint: str) -> DocumentError:
+    """The `image_too_large` refusal, worded once (`size`: what the image claims)."""
+    return DocumentError(
+        f"{where} is {size}, over the {most:,} pixels an image may have (OCRVL_MAX_PAGE_PIXELS; "
+        f"decompression bombs are refused unread): {hint}",
+        "image_too_large",
+    )
+
+
 def upright_rgb(image: Image.Image) -> Image.Image:
     """`image` turned by its EXIF orientation, transparency laid on white, in RGB."""
     image = ImageOps.exif_transpose(image)
+    if image.mode.startswith("I;16"):  # 16-bit grey: its high byte, as OpenCV (PaddleX) reads it
+        image = image.convert("I").point(lambda v: v / 256).convert("L")  # convert() would clip
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, "white")

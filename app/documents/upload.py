@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import errno
 import os
 import shutil
 import tempfile
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 import orjson
@@ -19,9 +18,11 @@ from fastapi import Request
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
+from app import policy
 from app.bodies import capped
 from app.documents.errors import DocumentError
 from app.documents.fanout import PROMPTS
+from app.documents.layout_options import LayoutOptions, parse_layout
 from app.documents.selection import PageSelection
 from app.errors import InvalidRequest, Overloaded, PayloadTooLarge, quoted
 
@@ -44,6 +45,8 @@ class OcrOptions:
     stream: bool = False
     page_images: bool = False  # each page's answer carries the image the model read
     callback_url: str | None = None  # jobs only (app/jobs/webhook.py checks it)
+    layout: str = "auto"  # auto, on, off (docs/ocr.md, Layout)
+    layout_options: LayoutOptions = field(default_factory=LayoutOptions)
 
 
 @dataclass(slots=True)
@@ -62,7 +65,7 @@ async def read_upload(request: Request, max_file_bytes: int) -> Upload:
     if content_type.startswith("multipart/form-data"):
         limit = max_file_bytes + JSON_OVERHEAD
         parser = MultiPartParser(
-            request.headers, _limited(request, limit), max_files=1, max_fields=16,
+            request.headers, _limited(request, limit), max_files=1, max_fields=32,
             max_part_size=JSON_OVERHEAD,
         )  # fmt: skip
         try:
@@ -75,7 +78,9 @@ async def read_upload(request: Request, max_file_bytes: int) -> Upload:
         if not isinstance(upload, UploadFile):
             await form.close()
             raise InvalidRequest(
-                "`file` is required: a form field with the image or PDF", param="file"
+                "`file` is required: a form field with the image or PDF",
+                param="file",
+                code="missing_required_parameter",
             )
         fields = {k: v for k, v in form.multi_items() if isinstance(v, str)}
         try:
@@ -105,7 +110,9 @@ def _from_json(raw: bytes) -> Upload:
     file = body.get("file")
     if not isinstance(file, str) or not file:
         raise InvalidRequest(
-            "`file` is required: base64, a data: URL, or an http(s) URL", param="file"
+            "`file` is required: base64, a data: URL, or an http(s) URL",
+            param="file",
+            code="missing_required_parameter",
         )
     options = parse_options(body)
     if file.startswith(("http://", "https://")):
@@ -119,7 +126,7 @@ def _from_json(raw: bytes) -> Upload:
             )
     try:
         return Upload(options, data=base64.b64decode(file, validate=True))
-    except binascii.Error:
+    except ValueError:  # binascii.Error, and a non-ASCII string
         raise InvalidRequest(
             "`file` is not valid base64 (nor a data: or http(s) URL)", param="file"
         ) from None
@@ -127,10 +134,12 @@ def _from_json(raw: bytes) -> Upload:
 
 def parse_options(fields: dict[str, Any]) -> OcrOptions:
     """The options from form fields (strings) or JSON values."""
-    task = str(fields.get("task") or "ocr")
-    if task not in PROMPTS:
+    task = fields.get("task") or "ocr"
+    if not isinstance(task, str) or task not in PROMPTS:
         raise InvalidRequest(
-            f"`task` must be one of {', '.join(PROMPTS)}; got {quoted(task)}", param="task"
+            f"`task` must be one of {', '.join(PROMPTS)}; got {quoted(task)}",
+            param="task",
+            code="invalid_value",
         )
     pages = fields.get("pages")
     if pages is not None and not isinstance(pages, str | int):
@@ -139,38 +148,37 @@ def parse_options(fields: dict[str, Any]) -> OcrOptions:
         selection = PageSelection.parse(None if pages is None else str(pages))
     except DocumentError as exc:
         raise exc.as_gateway_error() from None
-    dpi = _integer(fields, "dpi", DEFAULT_DPI, *DPI_RANGE) or DEFAULT_DPI
-    max_tokens = _integer(fields, "max_tokens", None, 1, 1_000_000)
+    dpi = _integer(fields, "dpi", DEFAULT_DPI, (*DPI_RANGE, "the dpi range")) or DEFAULT_DPI
+    # its upper bound is the served model's length: the route's policy check, as on chat
+    max_tokens = _integer(fields, "max_tokens", None, (1, None, ""))
     model = fields.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         raise InvalidRequest("`model` must be a non-empty string", param="model")
-    callback_url = fields.get("callback_url") or None
+    callback_url = fields.get("callback_url")
+    if callback_url == "":
+        callback_url = None
     if callback_url is not None and not isinstance(callback_url, str):
-        raise InvalidRequest("`callback_url` must be a URL string", param="callback_url")
+        raise InvalidRequest(
+            "`callback_url` must be a URL string", param="callback_url", code="invalid_type"
+        )
+    layout, layout_options = parse_layout(fields)
     return OcrOptions(
         task, selection, dpi, max_tokens, model, _boolean(fields, "stream"),
-        _boolean(fields, "page_images"), callback_url,
+        _boolean(fields, "page_images"), callback_url, layout, layout_options,
     )  # fmt: skip
 
 
 def _integer(
-    fields: dict[str, Any], name: str, default: int | None, low: int, high: int
+    fields: dict[str, Any], name: str, default: int | None, bounds: tuple[int, int | None, str]
 ) -> int | None:
+    """The field as an integer within (low, high, the setting that sets high), by chat's own
+    rule and wording (app/policy.py); a form field's digits are the integer they spell."""
     value = fields.get(name)
     if value is None or value == "":
         return default
-    bad = InvalidRequest(
-        f"`{name}` must be an integer from {low} to {high}; got {quoted(value)}", param=name
-    )
-    if isinstance(value, bool | float):
-        raise bad
-    try:
-        number = int(value)
-    except ValueError:
-        raise bad from None
-    if not low <= number <= high:
-        raise bad
-    return number
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    return policy.bounded_integer(name, value, *bounds)
 
 
 def _boolean(fields: dict[str, Any], name: str) -> bool:

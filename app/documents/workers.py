@@ -2,6 +2,12 @@
 
 Image work is CPU-bound and holds the GIL, so it runs in other processes: the event loop only
 waits for results. The lifespan creates the pool and shuts it down.
+
+A gateway killed outright (`kill -9`, the OOM killer) runs no shutdown: each worker watches its
+parent itself (a pidfd, readable once that process has exited) and exits with it. A worker
+holds both ends of its call queue, so it would never see end-of-file there, and would wait for
+work for ever; multiprocessing's resource tracker exits on its own once the last worker holding
+its pipe has gone.
 """
 
 from __future__ import annotations
@@ -10,6 +16,9 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import select
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -20,6 +29,30 @@ from app.documents.selection import PageSelection
 
 log = logging.getLogger("ocrvl.documents")
 WORKER_NICENESS = 10
+PARENT_POLL = 1.0  # seconds between looks at the parent where there is no pidfd
+
+
+def worker_started(parent: int) -> None:
+    """A worker's start: behind the event loop (and a co-located engine) for the CPU, and gone
+    as soon as the gateway `parent` is."""
+    os.nice(WORKER_NICENESS)
+    watch = threading.Thread(target=_exit_with, args=(parent,), name="parent-watch", daemon=True)
+    watch.start()
+
+
+def _exit_with(parent: int) -> None:
+    """Block until process `parent` has exited, then end this worker at once."""
+    try:
+        handle: int | None = os.pidfd_open(parent)
+    except OSError:  # gone already (or no pidfd: Linux before 5.3)
+        handle = None
+    if os.getppid() == parent:  # after the open: a pid still ours was not reused
+        if handle is not None:
+            select.select([handle], [], [])  # readable once the process has exited
+        else:
+            while os.getppid() == parent:  # re-parented once the gateway is gone
+                time.sleep(PARENT_POLL)
+    os._exit(0)  # no cleanup: the pool it served is gone
 
 
 class Preprocessor:
@@ -35,8 +68,8 @@ class Preprocessor:
         return ProcessPoolExecutor(
             self.workers,
             mp_context=multiprocessing.get_context("spawn"),
-            initializer=os.nice,  # behind the event loop (and a co-located engine) for the CPU
-            initargs=(WORKER_NICENESS,),
+            initializer=worker_started,
+            initargs=(os.getpid(),),
         )
 
     async def inspect(

@@ -13,9 +13,10 @@ from starlette.responses import Response
 
 from app import catalog, policy
 from app.context import RequestContext
-from app.documents import output, upload
+from app.documents import layouts, output, upload
 from app.documents.errors import DocumentError
 from app.documents.fanout import Disconnect, OcrJob, PageResult, run_pages
+from app.documents.layout_options import LayoutOptions
 from app.documents.raster import Source
 from app.errors import PayloadTooLarge
 from app.quotas import Admitted
@@ -37,7 +38,10 @@ async def ocr(request: Request, _: Admitted, gateway: GatewayDep, context: Conte
         context.model = received.options.model
         context.served_model = _served_model(gateway, received.options.model)
         _check_policy(gateway, received.options.max_tokens, context.served_model)
-        job = await _prepare(gateway, cleanup, received, data, context.served_model)
+        options = received.options
+        layout, fallback = layouts.choose(gateway.layouts, options.layout, options.layout_options)
+        mode = output.layout_fields(layout is not None, fallback)
+        job = await _prepare(gateway, cleanup, received, data, context.served_model, layout=layout)
         if gateway.usage is not None:  # the whole document under the key's page budget, first
             await gateway.usage.admit(context, len(job.pages))
         disconnect = Disconnect(request.receive)
@@ -49,6 +53,8 @@ async def ocr(request: Request, _: Admitted, gateway: GatewayDep, context: Conte
             parent=context,
             disconnect=disconnect,
             concurrency=settings.ocr_page_concurrency,
+            layouts=gateway.layouts,
+            block_concurrency=settings.ocr_block_concurrency,
         )
         cleanup.push_async_callback(pages.aclose)
         pages = _counted(pages, context)
@@ -57,13 +63,13 @@ async def ocr(request: Request, _: Admitted, gateway: GatewayDep, context: Conte
         context.stream = media_type == output.NDJSON
         if context.stream:  # from here the response owns the cleanup
             numbers = [index + 1 for index in job.pages]
-            return output.PageStream(job.model, numbers, pages, cleanup)
+            return output.PageStream(job.model, numbers, pages, cleanup, mode)
         async with cleanup:
             done = [page async for page in pages]
     except BaseException:
         await cleanup.aclose()
         raise
-    return _whole(job.model, done, media_type)
+    return _whole(job.model, done, media_type, mode)
 
 
 async def _counted(
@@ -110,6 +116,8 @@ async def _prepare(
     received: upload.Upload,
     data: bytes | None,
     model: str,
+    *,
+    layout: LayoutOptions | None,
 ) -> OcrJob:
     """The file spooled to disk for the workers, sniffed, and its pages checked (no decoding)."""
     settings = gateway.settings
@@ -122,18 +130,22 @@ async def _prepare(
         pages = await gateway.documents.inspect(source, options.pages, settings.max_pages)
     except DocumentError as exc:
         raise exc.as_gateway_error() from None
-    return OcrJob(source, pages, options.task, model, options.max_tokens, options.page_images)
+    model_len = policy.model_length(gateway.pool.served_models().get(model))
+    return OcrJob(
+        source, pages, options.task, model, options.max_tokens, options.page_images, layout,
+        model_len,
+    )  # fmt: skip
 
 
-def _whole(model: str, pages: list[PageResult], media_type: str) -> Response:
+def _whole(model: str, pages: list[PageResult], media_type: str, mode: dict[str, str]) -> Response:
     """JSON or markdown once every page is in; when every page failed, the first error."""
     failures = sorted((p for p in pages if p.error is not None), key=lambda p: p.index)
     if failures and len(failures) == len(pages) and failures[0].error is not None:
         raise failures[0].error
-    headers = output.summary_headers(pages)
+    headers = {**output.summary_headers(pages), **output.layout_headers(mode)}
     if media_type == output.MARKDOWN:
         return Response(
             output.markdown(pages), media_type="text/markdown; charset=utf-8", headers=headers
         )
-    body = orjson.dumps(output.document(model, pages))
+    body = orjson.dumps(output.document(model, pages, mode))
     return Response(body, media_type="application/json", headers=headers)

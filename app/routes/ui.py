@@ -33,6 +33,7 @@ ASSETS = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",  # ES modules: the page, its pages, its renderer
     "pages.js": "text/javascript; charset=utf-8",
+    "layout.js": "text/javascript; charset=utf-8",  # a page's blocks over its image
     "render.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
 }

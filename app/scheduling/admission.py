@@ -1,10 +1,12 @@
 """The Scheduler: a backend slot now, a fair wait for one, or a fast 503.
 
-A request takes a slot on a backend (one of its `capacity` pages in flight) and holds it until
-its answer is fully sent. When every backend serving its model is full, it waits in the
-admission queue (bounded by OCRVL_QUEUE_SIZE and OCRVL_QUEUE_TIMEOUT); each freed slot goes
-to the next waiter in fair order across keys. What cannot wait is shed with 503
-`server_overloaded` at once, without calling a backend.
+A request takes a slot on a backend and holds it until its answer is fully sent. A slot
+weighs the request's work (`units`: a page is PAGE_UNITS, a layout block its visual tokens,
+docs/admission.md): a backend takes requests while the work it has in flight is under its
+`capacity` pages and its sequences under the engine's own limit. When every backend serving
+its model is full, it waits in the admission queue (bounded by OCRVL_QUEUE_SIZE and
+OCRVL_QUEUE_TIMEOUT); each freed slot goes to the next waiter in fair order across keys. What
+cannot wait is shed with 503 `server_overloaded` at once, without calling a backend.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from app.engines import parse_metrics
 from app.errors import Overloaded
 from app.metrics import Metrics
 from app.scheduling import capacity
+from app.scheduling.capacity import PAGE, PAGE_UNITS, Work
 from app.scheduling.queue import BACKGROUND, FairQueue, Waiter
 from app.scheduling.routing import Router
 from app.scheduling.service import ServiceTimes
@@ -45,13 +48,16 @@ class Lease:
     released: bool = False
     since: float = field(default_factory=time.monotonic)
     background: bool = False  # a job page's slot (the background lane)
+    work: Work = PAGE
 
     def release(self) -> None:
         """Give the slot back."""
         if not self.released:
             self.released = True
             held = time.monotonic() - self.since
-            self._scheduler.release(self.backend, held=held, background=self.background)
+            self._scheduler.release(
+                self.backend, held=held, background=self.background, work=self.work
+            )
 
 
 class Scheduler:
@@ -74,7 +80,8 @@ class Scheduler:
         self._metrics = metrics
         self._router = Router()
         self.service = ServiceTimes()
-        self._background: dict[str, int] = {}  # job pages in flight, by backend URL
+        self._work: dict[str, int] = {}  # units in flight, by backend URL
+        self._background: dict[str, int] = {}  # job pages' units in flight, by backend URL
         self._last_done = -math.inf  # when a slot was last given back (time.monotonic())
 
     # ------------------------------------------------------------------------------ capacity
@@ -86,26 +93,43 @@ class Scheduler:
     def _serving(self, model: str, exclude: frozenset[str]) -> list[Backend]:
         return [b for b in self.pool.healthy() if model in b.models and b.url not in exclude]
 
+    def sequences(self, backend: Backend) -> int:
+        """Sequences `backend` decodes at once: the engine's max-num-seqs where it says, else
+        the 256 every profile stays within (never below its capacity in pages)."""
+        engine = backend.engine.max_num_seqs if backend.engine is not None else None
+        return max(self.capacity(backend), engine or capacity.DEFAULT_CAPACITY)
+
+    def work(self, backend: Backend) -> int:
+        """Units of work the gateway has on `backend` now."""
+        return self._work.get(backend.url, 0)
+
     def _least_loaded(self, backends: list[Backend]) -> Backend:
         return self._router.rank(backends, {b.url: self.capacity(b) for b in backends})[0]
 
+    def _has_room(self, backend: Backend) -> bool:
+        """Work in flight under the capacity (one more request fits, whatever its weight),
+        and sequences under the engine's limit."""
+        work_room = self.work(backend) < self.capacity(backend) * PAGE_UNITS
+        return work_room and backend.in_flight < self.sequences(backend)
+
     def _free(self, serving: list[Backend], background: bool = False) -> Backend | None:
-        """The least loaded of `serving` with a free slot (any of them, admission off); for
-        the background lane, only below its BACKGROUND_SHARE of a backend's slots."""
-        free = [b for b in serving if not self.enabled or b.in_flight < self.capacity(b)]
+        """The least loaded of `serving` with room (any of them, admission off); for the
+        background lane, only below its BACKGROUND_SHARE of a backend's capacity."""
+        free = [b for b in serving if not self.enabled or self._has_room(b)]
         if background and self.enabled:
             free = [b for b in free if self._background.get(b.url, 0) < self._share(b)]
         return self._least_loaded(free) if free else None
 
     def _share(self, backend: Backend) -> int:
-        return max(int(self.capacity(backend) * BACKGROUND_SHARE), 1)
+        return max(int(self.capacity(backend) * BACKGROUND_SHARE), 1) * PAGE_UNITS
 
     # ----------------------------------------------------------------------------- admission
 
     async def acquire(
-        self, model: str, key: str, exclude: frozenset[str] = frozenset()
+        self, model: str, key: str, exclude: frozenset[str] = frozenset(), work: Work = PAGE
     ) -> Lease | None:
-        """A slot on a backend serving `model`, waiting in the fair queue if all are full.
+        """A slot for `work` on a backend serving `model`, waiting in the fair queue if all
+        are full.
 
         None when no healthy backend outside `exclude` serves `model` (the caller says why);
         `Overloaded` when the request can not wait. Cancelling the caller (client gone,
@@ -118,14 +142,18 @@ class Scheduler:
         # Waiters come first: a new request takes a free slot only when none is queued.
         free = self._free(serving, background) if not self.queue or not self.enabled else None
         if free is not None:
-            return self._grant(free, background)
-        return await self._wait(Waiter(key, model))
+            return self._grant(free, background, work)
+        return await self._wait(Waiter(key, model, work=work))
 
-    def _grant(self, backend: Backend, background: bool) -> Lease:
-        backend.in_flight += 1
+    def _take(self, backend: Backend, background: bool, work: Work) -> None:
+        backend.in_flight += work.seqs
+        self._work[backend.url] = self.work(backend) + work.units
         if background:
-            self._background[backend.url] = self._background.get(backend.url, 0) + 1
-        return Lease(backend, self, background=background)
+            self._background[backend.url] = self._background.get(backend.url, 0) + work.units
+
+    def _grant(self, backend: Backend, background: bool, work: Work) -> Lease:
+        self._take(backend, background, work)
+        return Lease(backend, self, background=background, work=work)
 
     async def _wait(self, waiter: Waiter) -> Lease:
         if len(self.queue) >= self.queue_size:
@@ -162,25 +190,35 @@ class Scheduler:
             # Gone while waiting (client disconnect, deadline): a slot granted meanwhile
             # goes straight to the next waiter.
             if waiter.granted.done() and not waiter.granted.cancelled():
-                self.release(waiter.granted.result(), background=waiter.background)
+                self.release(
+                    waiter.granted.result(), background=waiter.background, work=waiter.work
+                )
             raise
         finally:
             self.queue.remove(waiter)
             self._metrics.queue_depth.set(len(self.queue))
             self._metrics.queue_wait.observe(time.monotonic() - waiter.since)
-        return Lease(granted, self, background=waiter.background)
+        return Lease(granted, self, background=waiter.background, work=waiter.work)
 
     def release(
-        self, backend: Backend, held: float | None = None, *, background: bool = False
+        self,
+        backend: Backend,
+        held: float | None = None,
+        *,
+        background: bool = False,
+        work: Work = PAGE,
     ) -> None:
         """A request on `backend` ended after holding its slot `held` seconds (None: a slot
-        reserved for a waiter that left): note it, then hand free slots to waiters."""
-        backend.in_flight -= 1
+        reserved for a waiter that left): note it, then hand free slots to waiters. Its
+        service time counts in page-seconds (held x its units / PAGE_UNITS), so the drain
+        rate (capacity over mean service time) stays in requests per second for any mix."""
+        backend.in_flight -= work.seqs
+        self._work[backend.url] = self.work(backend) - work.units
         if background:
-            self._background[backend.url] -= 1
+            self._background[backend.url] -= work.units
         self._last_done = time.monotonic()
         if held is not None:
-            self.service.record(backend, held)
+            self.service.record(backend, held * work.units / PAGE_UNITS)
         self.dispatch()
 
     def dispatch(self) -> None:
@@ -196,9 +234,7 @@ class Scheduler:
             if served is None:
                 return
             waiter, backend = served
-            backend.in_flight += 1  # reserved now: the waiter's task resumes later
-            if waiter.background:
-                self._background[backend.url] = self._background.get(backend.url, 0) + 1
+            self._take(backend, waiter.background, waiter.work)  # reserved now: it resumes later
             waiter.granted.set_result(backend)
 
     def busy(self, since: float) -> bool:

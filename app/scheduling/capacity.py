@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from app.engines import EngineLoad
 from app.profiles.memory import MAX_NUM_SEQS_CAP, PROMPT_TEXT_TOKENS, TYPICAL_OUTPUT_TOKENS
 
 PAGE_VISUAL_TOKENS = 1280  # PaddleOCR-VL's largest image, as the memory model sizes a page
 PAGE_TOKENS = PAGE_VISUAL_TOKENS + PROMPT_TEXT_TOKENS + TYPICAL_OUTPUT_TOKENS
+PAGE_UNITS = PAGE_VISUAL_TOKENS
+"""A page's work in admission units (visual tokens): a layout block weighs its own tokens."""
+
 DEFAULT_CAPACITY = MAX_NUM_SEQS_CAP
 """Before an engine has said anything: the max-num-seqs every profile stays within."""
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What a request costs a backend: its work in units (a page: PAGE_UNITS) and the
+    sequences it makes the engine decode at once (`n`)."""
+
+    units: int = PAGE_UNITS
+    seqs: int = 1
+
+
+PAGE = Work()
 
 
 def kv_pages(load: EngineLoad) -> int | None:

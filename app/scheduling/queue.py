@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from app.backends import Backend
+from app.scheduling.capacity import PAGE, Work
 
 T = TypeVar("T")
 BACKGROUND: ContextVar[bool] = ContextVar("ocrvl_background_lane", default=False)
@@ -34,6 +35,7 @@ class Waiter:
     )
     since: float = field(default_factory=time.monotonic)
     background: bool = field(default_factory=BACKGROUND.get)
+    work: Work = field(default_factory=lambda: PAGE)
 
 
 class FairQueue:

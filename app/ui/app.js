@@ -9,6 +9,7 @@ const $ = (id) => document.getElementById(id);
 const ui = {
   form: $("setup"), key: $("key"), forget: $("forget"), drop: $("drop"), file: $("file"),
   fileName: $("file-name"), task: $("task"), pages: $("pages"), maxTokens: $("max-tokens"),
+  layout: $("layout"),
   pageImages: $("page-images"), asJob: $("as-job"), run: $("run"), stop: $("stop"),
   downloadMd: $("download-md"), downloadJson: $("download-json"), progress: $("progress"),
   message: $("message"), error: $("error"), errorTitle: $("error-title"),
@@ -199,6 +200,10 @@ function requestBody(task) {
   body.append("task", task);
   if (ui.pages.value.trim()) body.append("pages", ui.pages.value.trim());
   if (ui.maxTokens.value.trim()) body.append("max_tokens", ui.maxTokens.value.trim());
+  body.append("layout", ui.layout.value);
+  // plain markdown (figures as ![](path), tables as HTML), which the page draws; the pretty
+  // form wraps them in centred <div> HTML, which it would show as text
+  body.append("prettify_markdown", "false");
   if (ui.pageImages.checked && !ui.asJob.checked) body.append("page_images", "true");
   return body;
 }

@@ -1,4 +1,5 @@
 // One page card (its image beside its text) and the two downloads, in /v1/ocr's own forms.
+import { blockList, layoutFigure, link } from "/ui/layout.js";
 import { el, markdown, preformatted, sanitisedHtml } from "/ui/render.js";
 
 export function card(number) {
@@ -22,7 +23,8 @@ function metaText(page) {
 }
 
 function renderText(page, task, body) {
-  if (page.html) body.append(sanitisedHtml(page.html));
+  if (page.markdown !== undefined) markdown(page.markdown, body, page.images || {});
+  else if (page.html) body.append(sanitisedHtml(page.html));
   else if (task === "formula") body.append(preformatted("latex", page.text || ""));
   else markdown(page.text || "", body);
 }
@@ -33,7 +35,11 @@ export function fill(article, page, task, src, placeholder) {
   article.classList.toggle("failed", Boolean(page.error));
   const figure = article.querySelector("figure");
   figure.replaceChildren();
-  if (src) {
+  const layout = Array.isArray(page.blocks) && !page.error;
+  article.classList.toggle("has-layout", layout);
+  let boxes = null;
+  if (src && layout) boxes = layoutFigure(figure, page, src);
+  else if (src) {
     const image = figure.appendChild(el("img"));
     image.alt = `page ${page.index}`;
     image.src = src;
@@ -48,20 +54,26 @@ export function fill(article, page, task, src, placeholder) {
     text.append(el("p", "note", "cut: the page reached max_tokens"));
   }
   const tabs = text.appendChild(el("div", "tabs"));
+  const views = [];
+  if (layout) { // the blocks beside the boxes first, then the page's markdown
+    const [list, items] = blockList(page);
+    if (boxes) link(boxes, items);
+    views.push(["blocks", text.appendChild(list)]);
+  }
   const rendered = text.appendChild(el("div", "rendered"));
-  const source = text.appendChild(preformatted("source", page.text || ""));
-  source.hidden = true;
   renderText(page, task, rendered);
-  for (const [label, shows] of [["rendered", rendered], ["source", source]]) {
+  const source = text.appendChild(preformatted("source", page.text || ""));
+  views.push(["rendered", rendered], ["source", source]);
+  views.forEach(([label, view], n) => {
+    view.hidden = n > 0;
     const tab = tabs.appendChild(el("button", `tab tab-${label}`, label));
     tab.type = "button";
-    tab.setAttribute("aria-pressed", String(shows === rendered));
+    tab.setAttribute("aria-pressed", String(n === 0));
     tab.addEventListener("click", () => {
-      rendered.hidden = shows !== rendered;
-      source.hidden = shows !== source;
+      for (const [, other] of views) other.hidden = other !== view;
       for (const other of tabs.children) other.setAttribute("aria-pressed", String(other === tab));
     });
-  }
+  });
 }
 
 // The same two forms /v1/ocr gives (Accept: text/markdown, application/json), from the
@@ -71,9 +83,11 @@ function ordered(result) {
 }
 
 export function asMarkdown(result) {
-  const parts = ordered(result).map((page) =>
-    page.error ? `<!-- page ${page.index} failed: ${page.error.message} -->`
-      : page.html || page.text || "");
+  const parts = ordered(result).flatMap((page) =>
+    page.error ? [`<!-- page ${page.index} failed: ${page.error.message} -->`]
+      : [page.html || page.text || "",
+        ...(page.finish_reason === "length"
+          ? [`<!-- page ${page.index} was cut at max_tokens: its text is incomplete -->`] : [])]);
   return `${parts.join("\n\n")}\n`;
 }
 

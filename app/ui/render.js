@@ -23,6 +23,16 @@ const INLINE = new RegExp(
   "g",
 );
 
+// The figure crops of the page being drawn (markdown path -> the gateway's data: URL); a
+// markdown image shows one only when its path is one of them.
+let figures = {};
+const CROP = /^data:image\/(jpeg|png);base64,[A-Za-z0-9+/=]+$/;
+
+function figureOf(path) {
+  const url = Object.hasOwn(figures, path) ? figures[path] : null;
+  return typeof url === "string" && CROP.test(url) ? url : null;
+}
+
 // An absolute http(s) URL, or null: javascript:, data:, relative and other links stay text.
 function safeHref(href) {
   try {
@@ -43,8 +53,13 @@ function inline(text, parent) {
     else if (match[4] !== undefined || match[5] !== undefined) {
       parent.append(el("strong", "", match[4] ?? match[5]));
     } else if (match[6] !== undefined) parent.append(el("em", "", match[6]));
-    else {
-      const href = match[7] === "" ? safeHref(match[9]) : null; // images are never loaded
+    else if (match[7] === "!" && figureOf(match[9])) { // one of the page's own figure crops
+      const image = el("img", "figure");
+      image.alt = match[8] || match[9];
+      image.src = figureOf(match[9]);
+      parent.append(image);
+    } else {
+      const href = match[7] === "" ? safeHref(match[9]) : null; // other images never load
       if (href === null) parent.append(match[0]); // javascript:, data:, images: as text
       else {
         const link = el("a", "", match[8] || href);
@@ -168,10 +183,17 @@ function block(lines, i, parent) {
   return j;
 }
 
-export function markdown(text, parent) {
-  const lines = text.replace(/\r\n?/g, "\n").split("\n");
-  let i = 0;
-  while (i < lines.length) i = lines[i].trim() ? block(lines, i, parent) : i + 1;
+// `images`: the page's figure crops its markdown may show (`images` of a /v1/ocr page).
+export function markdown(text, parent, images) {
+  const outer = figures;
+  if (images !== undefined) figures = images || {};
+  try {
+    const lines = text.replace(/\r\n?/g, "\n").split("\n");
+    let i = 0;
+    while (i < lines.length) i = lines[i].trim() ? block(lines, i, parent) : i + 1;
+  } finally {
+    figures = outer;
+  }
 }
 
 // ------------------------------------------------------------------ HTML tables, allow-listed

@@ -82,8 +82,8 @@ async def test_a_failed_page_is_reported_on_it_and_the_others_come_back(faults: 
     pages = response.json()["pages"]
     assert [p["index"] for p in pages] == [1, 2, 3]
     assert [p["text"] for p in pages] == ["Hello page", None, "Hello page"]
-    assert pages[1]["error"] == {
-        "message": "boom", "type": "InternalServerError", "param": None, "code": "500",
+    assert pages[1]["error"] == {  # vLLM's 500 in the gateway's words (app/proxy.py)
+        "message": "boom", "type": "server_error", "param": None, "code": "backend_error",
     }  # fmt: skip
     assert "error" not in pages[0]
     assert response.json()["usage"]["total_tokens"] == 24

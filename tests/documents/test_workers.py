@@ -1,15 +1,25 @@
-"""The preprocessing pool: its size, and surviving a worker that dies."""
+"""The preprocessing pool: its size, surviving a worker that dies, and workers that do not
+outlive a gateway killed outright."""
 
 from __future__ import annotations
 
 import os
+import select
+import signal
+import subprocess
+import time
+from pathlib import Path
 
+import httpx
 import pytest
 
 from app.documents.errors import DocumentError
 from app.documents.workers import Preprocessor
 from app.settings import Settings
-from tests.conftest import settings_for
+from tests.conftest import BACKEND_KEY, CLIENT_KEY, VENV_BIN, settings_for, wait_until_up
+from tests.support.documents import pdf
+from tests.support.fake_backend import FakeVLLM
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -51,3 +61,88 @@ async def test_workers_run_behind_the_event_loop() -> None:
         assert await pool.run(os.nice, 0) == os.nice(0) + 10
     finally:
         pool.close()
+
+
+def descendants(root: int) -> dict[int, str]:
+    """Every live process under `root` (by /proc's parent links): pid → command line."""
+    parents: dict[int, int] = {}
+    commands: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # gone meanwhile
+            continue
+        parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+        commands[int(entry.name)] = command
+    found: dict[int, str] = {}
+    frontier = [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in found:
+                found[pid] = commands[pid]
+                frontier.append(pid)
+    return found
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """The pids still alive after waiting up to `timeout` s for each (a pidfd: readable once
+    the process has exited; no polling)."""
+    deadline = time.monotonic() + timeout
+    alive = []
+    for pid in pids:
+        try:
+            handle = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            ready, _, _ = select.select([handle], [], [], max(deadline - time.monotonic(), 0))
+        finally:
+            os.close(handle)
+        if not ready:
+            alive.append(pid)
+    return alive
+
+
+def test_kill_9_of_the_gateway_leaves_no_worker_behind(fake: FakeVLLM, tmp_path: Path) -> None:
+    """A real `ocrvl serve` whose workers have started is killed with SIGKILL (no shutdown
+    runs): its preprocessing workers and multiprocessing's resource tracker exit too, within
+    seconds (before: both ran on for ever, re-parented to PID 1)."""
+    port = free_port()
+    env = {
+        **os.environ, "OCRVL_BACKENDS": fake.url, "OCRVL_API_KEYS": CLIENT_KEY,
+        "OCRVL_BACKEND_API_KEY": BACKEND_KEY, "OCRVL_PREPROCESS_WORKERS": "2",
+        "OCRVL_DATA_DIR": str(tmp_path / "data"),
+    }  # fmt: skip
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as out:
+        gateway = subprocess.Popen(
+            [str(VENV_BIN / "ocrvl"), "serve", "--host", "127.0.0.1", "--port", str(port)],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    children: dict[int, str] = {}
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(f"{url}/ready", gateway, log, 30)
+        answer = httpx.post(
+            f"{url}/v1/ocr", files={"file": ("doc.pdf", pdf(2))},
+            headers={"authorization": f"Bearer {CLIENT_KEY}"}, timeout=60,
+        )  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        children = descendants(gateway.pid)
+        commands = " ".join(children.values())
+        assert "resource_tracker" in commands, children
+        assert commands.count("multiprocessing.spawn") >= 1, children
+        gateway.kill()
+        gateway.wait()
+        left = wait_gone(list(children), timeout=20)
+        assert left == [], {pid: children[pid] for pid in left}
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait()
+        for pid in wait_gone(list(children), timeout=0):  # none, unless it failed: by pid
+            os.kill(pid, signal.SIGKILL)

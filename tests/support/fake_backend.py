@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from tests.support.servers import empty_lifespan
+from tests.support.servers import empty_lifespan, read_body
 
 SERVED = "fake-paddleocr-vl"
 STREAM_CHUNKS = [
@@ -67,6 +67,9 @@ class FakeVLLM:
     served: str = SERVED
     delay: float = 0.0
     content: str | None = None  # the text of every non-streaming answer; None: completion()'s
+    hang_after: int | None = None  # answer this many chat requests, then hang (mode "hang")
+    finish_reason: str = "stop"  # of every non-streaming answer ("length": cut at max_tokens)
+    max_model_len: int = 4096  # what /v1/models says of the served model
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     disconnected: threading.Event = field(default_factory=threading.Event)
@@ -80,25 +83,23 @@ class FakeVLLM:
         if path == "/health":
             await _json(send, 503 if self.mode == "unhealthy" else 200, {})
         elif path == "/v1/models":
-            await _json(send, 200, {"object": "list", "data": [_model(self.served)]})
+            model = {**_model(self.served), "max_model_len": self.max_model_len}
+            await _json(send, 200, {"object": "list", "data": [model]})
         elif path == "/v1/chat/completions":
             await self._chat(scope, receive, send)
         else:
             await _json(send, 404, {"error": {"message": "not found"}})
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         payload = orjson.loads(body)
         self.bodies.append(payload)
         self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
         self.chat_started.set()
         if self.delay:
             await asyncio.sleep(self.delay)
+        if self.hang_after is not None and len(self.bodies) > self.hang_after:
+            self.mode = "hang"
         if self.mode == "status":
             await _raw(send, self.status, self.error_body)
         elif self.mode == "hang":
@@ -107,6 +108,7 @@ class FakeVLLM:
             await self._stream(receive, send)
         else:
             answer = completion(payload["model"])
+            answer["choices"][0]["finish_reason"] = self.finish_reason
             if self.content is not None:
                 answer["choices"][0]["message"]["content"] = self.content
             await _json(send, 200, answer)

@@ -58,6 +58,16 @@ def chat_body(
     }
 
 
+def _stub_jpeg() -> str:
+    """A small real JPEG as a data URL: the gateway reads every image's header."""
+    out = io.BytesIO()
+    Image.new("RGB", (64, 32), "white").save(out, format="JPEG")
+    return data_url(out.getvalue())
+
+
+STUB_JPEG = _stub_jpeg()
+
+
 def paddleocr_body(model: str) -> dict[str, Any]:
     """Exactly what PaddleOCR's pipeline client sends for one page (shared/CLIENTS.md), with a
     stub JPEG: the fields and values real pages carry."""
@@ -67,7 +77,7 @@ def paddleocr_body(model: str) -> dict[str, Any]:
             {
                 "role": "user",
                 "content": [
-                    {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQ"}},
+                    {"type": "image_url", "image_url": {"url": STUB_JPEG}},
                     {"type": "text", "text": "OCR:"},
                 ],
             }

@@ -21,6 +21,16 @@ async def empty_lifespan(receive: Receive, send: Send) -> None:
     await send({"type": "lifespan.shutdown.complete"})
 
 
+async def read_body(receive: Receive) -> bytes:
+    """A request's whole body, from however many messages it came in."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 @contextlib.asynccontextmanager
 async def lifespan_client(app: ASGIApp, **client_options: Any) -> AsyncIterator[httpx.AsyncClient]:
     """An httpx client on `app` through ASGITransport, with the app's lifespan run around it.

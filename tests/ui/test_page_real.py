@@ -37,7 +37,8 @@ def test_a_three_page_pdf_streams_in_page_by_page_and_downloads(
     browser: Browser, ui_gateway: GatewayServer, tmp_path: Path
 ) -> None:
     """Three page cards, each with the page image the model read, its text and its tokens; the
-    markdown download is the pages' text in order, the same as the JSON download's pages."""
+    markdown download is the pages' text in order (a page cut at max_tokens marked, as /v1/ocr's
+    markdown marks it), the same as the JSON download's pages."""
     document = tmp_path / "report.pdf"
     document.write_bytes(pdf(3))
     browser.open(f"{ui_gateway.url}/ui")
@@ -69,7 +70,10 @@ def test_a_three_page_pdf_streams_in_page_by_page_and_downloads(
     assert answer["model"] == ui_gateway.backend.served_model_name
     assert [page["index"] for page in answer["pages"]] == [1, 2, 3]
     assert [page["text"] for page in answer["pages"]] == sources
-    assert markdown == "\n\n".join(sources) + "\n"
+    cut = "<!-- page {} was cut at max_tokens: its text is incomplete -->"  # /v1/ocr's mark
+    parts = [[source] + ([cut.format(page["index"])] if page["finish_reason"] == "length" else [])
+             for source, page in zip(sources, answer["pages"], strict=True)]  # fmt: skip
+    assert markdown == "\n\n".join(part for each in parts for part in each) + "\n"
     metas = [card.find_element("css selector", ".meta").text for card in cards]
     for meta, page in zip(metas, answer["pages"], strict=True):
         usage = page["usage"]

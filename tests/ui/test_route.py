@@ -32,6 +32,7 @@ AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
         ("/ui", "text/html", "index.html"),
         ("/ui/app.js", "text/javascript", "app.js"),
         ("/ui/pages.js", "text/javascript", "pages.js"),
+        ("/ui/layout.js", "text/javascript", "layout.js"),
         ("/ui/render.js", "text/javascript", "render.js"),
         ("/ui/style.css", "text/css", "style.css"),
     ],
@@ -165,4 +166,4 @@ def test_the_wheel_ships_the_page(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         shipped = {name for name in archive.namelist() if name.startswith("app/ui/")}
     assert shipped == {f"app/ui/{file.name}" for file in UI.iterdir()}
-    assert len(shipped) == 5
+    assert len(shipped) == 6

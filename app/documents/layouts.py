@@ -1,0 +1,247 @@
+"""The layout service's client: one page in, its layout boxes out (OCRVL_LAYOUT_URL).
+
+Shaped like the backends (app/backends.py): every URL is probed on `GET /ready` each
+OCRVL_HEALTH_INTERVAL seconds, and a page goes to the ready service with the fewest pages in
+flight (ties take turns). A service that refuses the connection is marked down and the page
+tries the next one. What cannot be served is a 503 `layout_unavailable` with `Retry-After`
+(none ready, every one refused, a 5xx, no answer within OCRVL_LAYOUT_TIMEOUT): a page never
+waits longer than that. The API (issue 36, docs/layout.md):
+
+    POST {url}/v1/layout  {"images": ["data:image/jpeg;base64,…"], overrides…}
+    200 {"results": [{"width", "height", "boxes": [{"cls_id", "label", "score",
+         "coordinate": [x1, y1, x2, y2], "order", "polygon_points"?}]}]}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import orjson
+
+from app.backends import describe
+from app.documents.blocks import Box
+from app.documents.layout_options import LayoutOptions
+from app.errors import InvalidRequest, LayoutUnavailable, UpstreamError, clip
+
+if TYPE_CHECKING:
+    from app.settings import Settings
+
+log = logging.getLogger("ocrvl.layout")
+
+
+@dataclass(slots=True)
+class Endpoint:
+    """One layout service URL, as its last probe saw it."""
+
+    url: str
+    healthy: bool = False
+    problem: str = "not probed yet"
+    in_flight: int = 0
+
+    def mark_down(self, problem: str) -> None:
+        """Out of rotation until a probe finds it ready again."""
+        if self.healthy:
+            log.warning("layout service %s is down: %s", self.url, problem)
+        self.healthy, self.problem = False, problem
+
+
+class LayoutService:
+    """The configured layout services, probed in the background, balanced per page."""
+
+    def __init__(
+        self, urls: list[str], client: httpx.AsyncClient, *, timeout: float, interval: float
+    ) -> None:
+        self.endpoints = [Endpoint(url.rstrip("/")) for url in urls]
+        self.timeout = timeout
+        self.interval = interval
+        self._client = client
+        self._turn = itertools.count()
+
+    def ready(self) -> bool:
+        """Whether any service answered its last probe."""
+        return any(endpoint.healthy for endpoint in self.endpoints)
+
+    def problems(self) -> str:
+        """Why the services are not serving (messages, /ready)."""
+        return "; ".join(f"{e.url}: {e.problem}" for e in self.endpoints if not e.healthy)
+
+    def unavailable(self, why: str) -> LayoutUnavailable:
+        """The 503 for a page that cannot have its layout now."""
+        return LayoutUnavailable(
+            f"{why}; retry after {self.retry_after()} s", retry_after=self.retry_after()
+        )
+
+    def retry_after(self) -> int:
+        """Seconds until the next probe may find a service ready."""
+        return max(math.ceil(self.interval), 1)
+
+    async def probe(self, endpoint: Endpoint) -> None:
+        """`GET /ready`: 200 puts the service in rotation, anything else takes it out."""
+        try:
+            response = await self._client.get(f"{endpoint.url}/ready", timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            endpoint.mark_down(f"/ready: {describe(exc)}")
+            return
+        if response.status_code != 200:
+            endpoint.mark_down(f"/ready answered {response.status_code}")
+            return
+        if not endpoint.healthy:
+            log.info("layout service %s is ready", endpoint.url)
+        endpoint.healthy, endpoint.problem = True, ""
+
+    async def probe_all(self) -> None:
+        """Probe every service once, concurrently."""
+        await asyncio.gather(*(self.probe(endpoint) for endpoint in self.endpoints))
+
+    async def watch(self) -> None:
+        """Probe forever, every `interval` seconds (the lifespan runs this as a task)."""
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.probe_all()
+
+    def _pick(self, tried: set[str]) -> Endpoint | None:
+        ready = [e for e in self.endpoints if e.healthy and e.url not in tried]
+        if not ready:
+            return None
+        shift = next(self._turn) % len(ready)
+        return min([*ready[shift:], *ready[:shift]], key=lambda e: e.in_flight)
+
+    async def detect(
+        self, image_url: str, size: tuple[int, int], options: LayoutOptions, request_id: str
+    ) -> list[Box]:
+        """The layout boxes of one page (`size`: its width and height as sent), in reading
+        order; LayoutUnavailable (503) or UpstreamError (502, a malformed answer) otherwise."""
+        body = orjson.dumps({"images": [image_url], **options.service_overrides()})
+        headers = {"content-type": "application/json", "x-request-id": request_id}
+        tried: set[str] = set()
+        while (endpoint := self._pick(tried)) is not None:
+            tried.add(endpoint.url)
+            endpoint.in_flight += 1
+            try:
+                response = await self._client.post(
+                    f"{endpoint.url}/v1/layout", content=body, headers=headers, timeout=self.timeout
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                endpoint.mark_down(describe(exc))
+                continue
+            except httpx.TimeoutException:
+                raise self.unavailable(
+                    f"the layout service {endpoint.url} did not answer within "
+                    f"{self.timeout:g} s (OCRVL_LAYOUT_TIMEOUT)"
+                ) from None
+            except httpx.HTTPError as exc:
+                raise self.unavailable(
+                    f"the layout service {endpoint.url} failed: {describe(exc)}"
+                ) from None
+            finally:
+                endpoint.in_flight -= 1
+            return _boxes(endpoint.url, response, size, self)
+        why = self.problems() or "none is configured"
+        raise self.unavailable(f"no layout service is ready ({why})")
+
+
+def _boxes(
+    url: str, response: httpx.Response, size: tuple[int, int], service: LayoutService
+) -> list[Box]:
+    """The boxes of the service's answer, checked against the API."""
+    if response.status_code >= 500:
+        raise service.unavailable(
+            f"the layout service {url} answered {response.status_code}: {clip(response.text)}"
+        )
+    if response.status_code != 200:
+        raise UpstreamError(
+            f"the layout service {url} refused the page ({response.status_code}): "
+            f"{clip(response.text)}",
+            code="layout_failed",
+        )
+    try:
+        result = orjson.loads(response.content)["results"][0]
+        measured = (result["width"], result["height"])
+        boxes = [_box(item) for item in result["boxes"]]
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError) as exc:
+        raise _malformed(url, str(exc)) from None
+    if measured != size:
+        raise _malformed(url, f"it measured the page {measured}, not {size} (width, height)")
+    return boxes
+
+
+def _malformed(url: str, why: str) -> UpstreamError:
+    return UpstreamError(
+        f"the layout service {url} answered what its API does not say ({clip(why)})",
+        code="layout_failed",
+    )
+
+
+def _box(item: dict[str, Any]) -> Box:
+    x1, y1, x2, y2 = (float(v) for v in item["coordinate"])
+    polygon = item.get("polygon_points")
+    points = tuple((float(x), float(y)) for x, y in polygon) if polygon is not None else None
+    order = item.get("order")
+    if not isinstance(item["label"], str) or not all(math.isfinite(v) for v in (x1, y1, x2, y2)):
+        raise ValueError(f"a box is malformed: {item!r}")
+    return Box(
+        int(item["cls_id"]), item["label"], float(item["score"]), (x1, y1, x2, y2),
+        int(order) if order is not None else None, points,
+    )  # fmt: skip
+
+
+def choose(
+    service: LayoutService | None, mode: str, options: LayoutOptions, *, waits: bool = False
+) -> tuple[LayoutOptions | None, str | None]:
+    """The pipeline a document runs: its layout options (None: each page read whole) and, when
+    `auto` fell back to whole pages, why. `on` with no service configured is a 400; `on` with
+    none ready a 503 (`waits`: a job's pages wait for one instead, as they wait for backends)."""
+    if mode == "off":
+        return None, None
+    if service is None:
+        if mode == "on":
+            raise InvalidRequest(
+                "`layout=on` needs a layout service and this gateway has none (OCRVL_LAYOUT_URL "
+                "is unset); send `layout=off` (or `auto`) to read each page whole",
+                param="layout",
+                code="layout_not_configured",
+            )
+        return None, None
+    if waits or service.ready():
+        return options, None
+    why = f"no layout service is ready ({service.problems()})"
+    if mode == "on":
+        raise service.unavailable(why)
+    return None, f"{why}: each page was read whole"
+
+
+async def open_layouts(settings: Settings, stack: AsyncExitStack) -> LayoutService | None:
+    """The layout services of OCRVL_LAYOUT_URL (None when unset), probed once and then every
+    OCRVL_HEALTH_INTERVAL seconds until `stack` closes."""
+    if not settings.layout_url:
+        return None
+    client = httpx.AsyncClient(
+        timeout=httpx.Timeout(settings.layout_timeout, connect=settings.connect_timeout),
+        limits=httpx.Limits(max_connections=settings.max_connections),
+        trust_env=False,  # a host's HTTP_PROXY must not capture the pages
+    )
+    await stack.enter_async_context(client)
+    service = LayoutService(
+        settings.layout_url, client, timeout=settings.layout_timeout,
+        interval=settings.health_interval,
+    )  # fmt: skip
+    await service.probe_all()
+    if not service.ready():
+        log.warning("no layout service is ready yet: %s", service.problems())
+    watcher = asyncio.create_task(service.watch())
+
+    async def stop() -> None:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+    stack.push_async_callback(stop)
+    return service

@@ -1,0 +1,242 @@
+"""`POST /layout-parsing`, `POST /restructure-pages`: PaddleX's serving API for PaddleOCR-VL.
+
+A drop-in for `paddlex --serve --pipeline PaddleOCR-VL-1.5` (docs/clients.md): PaddleX's body
+in (app/paddlex/schema.py), the gateway's own document pipeline in the middle (the layout
+service, each block through the relay, as `/v1/ocr` with `layout=on`), PaddleX's answer out
+(app/paddlex/results.py), every error in its envelope (app/paddlex/envelope.py). The request
+passes the same API keys, per-key limits, page budgets, admission, request policy, remote-file
+policy and file limits as `/v1/ocr`; a document is answered whole, as PaddleX answers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from app import policy
+from app.bodies import capped
+from app.context import RequestContext
+from app.documents import layouts, upload
+from app.documents.errors import DocumentError
+from app.documents.fanout import Disconnect, OcrJob, PageResult, run_pages
+from app.documents.raster import Source
+from app.errors import InvalidRequest, PayloadTooLarge
+from app.paddlex import options, pages, results, returned, schema
+from app.paddlex.envelope import LOG_ID, PaddleXRoute, success
+from app.paddlex.restructure import Page
+from app.paddlex.schema import InferRequest, RestructurePagesRequest
+from app.quotas import Admitted
+from app.state import Context, Gateway, GatewayDep
+
+router = APIRouter(route_class=PaddleXRoute)
+Body = TypeVar("Body", InferRequest, RestructurePagesRequest)
+Visuals = tuple[str, str | None]
+
+
+@router.post("/layout-parsing")
+async def layout_parsing(
+    request: Request, _: Admitted, gateway: GatewayDep, context: Context
+) -> Response:
+    """Every page of the file through the layout pipeline; PaddleX's `InferResult`."""
+    infer = await _body(request, gateway, InferRequest)
+    if (refusal := schema.refused(infer)) is not None:
+        raise refusal
+    data = await _file(gateway, infer.file)
+    served = gateway.pool.require_models("to read the document")
+    context.served_model = next(iter(served))
+    layout = options.layout_options(infer)
+    if layout is not None:
+        layout = layouts.choose(gateway.layouts, "on", layout)[0]
+    model_len = policy.model_length(served[context.served_model])
+    _check_policy(gateway, infer, model_len)
+    async with contextlib.AsyncExitStack() as cleanup:
+        source, found = await _prepare(gateway, cleanup, infer, data)
+        if gateway.usage is not None:  # the whole document under the key's page budget, first
+            await gateway.usage.admit(context, len(found.indexes))
+        job = OcrJob(
+            source, found.indexes, infer.promptLabel or "ocr", context.served_model,
+            infer.maxNewTokens, layout=layout, model_len=model_len,
+            sampling=options.sampling(infer),
+        )  # fmt: skip
+        read = await _read(job, request, gateway, context, cleanup)
+        settings = results.settings_of(infer, layout)
+        label, sizes = infer.promptLabel or "ocr", found.sizes
+        made = [results.page_of(p, n, settings, label) for p, n in zip(read, sizes, strict=True)]
+        writing = results.Writing(
+            infer.prettifyMarkdown, infer.showFormulaNumber, infer.restructurePages,
+            infer.mergeTables, infer.relevelTitles,
+        )  # fmt: skip
+        entries: list[dict[str, Any]] = await gateway.documents.run(results.written, made, writing)
+        visualize = infer.visualize is not False  # PaddleX's server default: on
+        shown = await _visuals(gateway, source, made) if visualize else None
+    _with_images(entries, read if infer.returnMarkdownImages else None, shown)
+    return await success(request, {"layoutParsingResults": entries, "dataInfo": found.data_info()})
+
+
+@router.post("/restructure-pages")
+async def restructure_pages(request: Request, _: Admitted, gateway: GatewayDep) -> Response:
+    """Pages sent back, restructured; PaddleX's `RestructurePagesResult`."""
+    body = await _body(request, gateway, RestructurePagesRequest)
+    if (refusal := schema.refused_export(body)) is not None:
+        raise refusal
+    limit = gateway.settings.max_pages
+    if len(body.pages) > limit:
+        raise InvalidRequest(
+            f"`pages` holds {len(body.pages)} pages, over OCRVL_MAX_PAGES ({limit})",
+            param="pages",
+            code="too_many_pages",
+        )
+    made = [returned.from_pruned(page.prunedResult, i) for i, page in enumerate(body.pages)]
+    writing = results.Writing(
+        body.prettifyMarkdown, body.showFormulaNumber, True, body.mergeTables,
+        body.relevelTitles, body.concatenatePages,
+    )  # fmt: skip
+    entries: list[dict[str, Any]] = await gateway.documents.run(results.written, made, writing)
+    sent = [page.markdownImages for page in body.pages]
+    if body.returnMarkdownImages and body.concatenatePages and entries:
+        joined: dict[str, str] = {}  # one page: every page's images
+        for images in sent:
+            joined.update(images or {})
+        entries[0]["markdown"]["images"] = joined
+    elif body.returnMarkdownImages:
+        for entry, images in zip(entries, sent, strict=True):
+            if images is not None:
+                entry["markdown"]["images"] = images
+    return await success(request, {"layoutParsingResults": entries})
+
+
+def _with_images(
+    entries: list[dict[str, Any]], read: list[PageResult] | None, shown: list[Visuals] | None
+) -> None:
+    """Each result's markdown images (`read`: the pages, when asked for), base64 as PaddleX
+    sends them, and its `inputImage` and `outputImages` (`shown`, when drawn)."""
+    for n, entry in enumerate(entries):
+        if read is not None:
+            images = read[n].images or {}
+            entry["markdown"]["images"] = {k: v.partition(",")[2] for k, v in images.items()}
+        if shown is not None:
+            base, drawn = shown[n]
+            entry["outputImages"] = {"layout_det_res": drawn} if drawn is not None else {}
+            entry["inputImage"] = base
+
+
+async def _body(request: Request, gateway: Gateway, model: type[Body]) -> Body:
+    """The JSON body (under /v1/ocr's cap for a file as base64) as PaddleX's `model`."""
+    if request.headers.get("content-type", "").lower().startswith("multipart/"):
+        raise InvalidRequest(
+            'send a JSON body, {"file": "<base64 or URL>", "fileType": 0 or 1}, as PaddleX takes'
+        )
+    limit = gateway.settings.max_file_bytes * 4 // 3 + upload.JSON_OVERHEAD
+    too_large = PayloadTooLarge(
+        f"the request body is over {limit} bytes: a file may have at most OCRVL_MAX_FILE_BYTES "
+        f"({gateway.settings.max_file_bytes}) before base64",
+        param="file",
+    )
+    raw = b"".join([chunk async for chunk in capped(request, limit, too_large)])
+    body = await asyncio.to_thread(_json, raw)  # 60 MB of JSON: not on the event loop
+    if isinstance(body, dict) and isinstance(body.get("logId"), str):
+        setattr(request.state, LOG_ID, body["logId"])  # errors carry it too, as PaddleX's do
+    return await asyncio.to_thread(schema.parse, model, body)
+
+
+def _json(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+
+
+async def _file(gateway: Gateway, file: str) -> bytes:
+    """The file: fetched under the remote-file policy (an http(s) URL), else base64."""
+    if file.startswith(("http://", "https://")):
+        data = await gateway.media.fetch(file, "file")
+    else:
+        data = await asyncio.to_thread(options.file_bytes, file)
+    limit = gateway.settings.max_file_bytes
+    if len(data) > limit:
+        raise PayloadTooLarge(
+            f"`file` is {len(data)} bytes, over OCRVL_MAX_FILE_BYTES ({limit})", param="file"
+        )
+    return data
+
+
+def _check_policy(gateway: Gateway, infer: InferRequest, model_len: int | None) -> None:
+    """The request policy on what the blocks' requests carry (`maxNewTokens`)."""
+    try:
+        policy.check({"max_tokens": infer.maxNewTokens}, gateway.settings, model_len)
+    except InvalidRequest as exc:
+        raise InvalidRequest(
+            f"`maxNewTokens`: {exc.message}", param="maxNewTokens", code=exc.code
+        ) from None
+
+
+async def _prepare(
+    gateway: Gateway, cleanup: contextlib.AsyncExitStack, infer: InferRequest, data: bytes
+) -> tuple[Source, pages.Pages]:
+    """The file spooled for the workers, sniffed, its type checked against `fileType`, and
+    every page checked (OCRVL_MAX_PAGES, pixels, encryption) and measured."""
+    received = upload.Upload(upload.OcrOptions(), data=data)
+    path, head = await asyncio.to_thread(upload.spool, received, data, tempfile.gettempdir())
+    cleanup.push_async_callback(asyncio.to_thread, upload.remove, path)
+    settings = gateway.settings
+    try:
+        source = Source.sniffed(path, head, upload.DEFAULT_DPI, settings)
+        options.check_type(infer.fileType, source.kind)
+        low, high = options.pixels(infer, settings)
+        source = replace(source, min_pixels=low, max_pixels=high)
+        found: pages.Pages = await gateway.documents.run(pages.inspect, source, settings.max_pages)
+    except DocumentError as exc:
+        raise exc.as_gateway_error() from None
+    return source, found
+
+
+async def _read(
+    job: OcrJob,
+    request: Request,
+    gateway: Gateway,
+    context: RequestContext,
+    cleanup: contextlib.AsyncExitStack,
+) -> list[PageResult]:
+    """Every page read (the relay, admission, cancellation when the client leaves), counted
+    on the request's context for usage; the first failure fails the request."""
+    disconnect = Disconnect(request.receive)
+    cleanup.callback(disconnect.close)
+    read = run_pages(
+        job, preprocessor=gateway.documents, relay=gateway.relay, parent=context,
+        disconnect=disconnect, concurrency=gateway.settings.ocr_page_concurrency,
+        layouts=gateway.layouts, block_concurrency=gateway.settings.ocr_block_concurrency,
+    )  # fmt: skip
+    done: list[PageResult] = []
+    try:
+        async for page in read:
+            done.append(page)
+            if page.error is None:
+                usage = page.usage or {}
+                context.answered += 1
+                context.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+                context.completion_tokens += int(usage.get("completion_tokens") or 0)
+    finally:
+        await read.aclose()
+    done.sort(key=lambda page: page.index)
+    for page in done:
+        if (failed := results.failure_of(page)) is not None:
+            raise failed
+    return done
+
+
+async def _visuals(gateway: Gateway, source: Source, made: Sequence[Page]) -> list[Visuals]:
+    """Each page's `inputImage` and its layout drawn (none without one), in the page workers."""
+    drawn = []
+    for index, page in enumerate(made):
+        boxes = page.result["layout_det_res"]["boxes"] if "layout_det_res" in page.result else None
+        drawn.append(gateway.documents.run(pages.visualize, source, index, boxes))
+    shown: list[Visuals] = await asyncio.gather(*drawn)
+    return shown

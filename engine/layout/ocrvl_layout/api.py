@@ -1,0 +1,245 @@
+"""The HTTP API (docs/layout.md): POST /v1/layout, /health, /ready, /metrics; the lifespan that
+owns the model, the batcher and the worker threads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ocrvl_layout.batcher import Batcher
+from ocrvl_layout.errors import (
+    InvalidRequest,
+    LayoutError,
+    NotReady,
+    Overloaded,
+    PayloadTooLarge,
+    error_body,
+    install_handlers,
+)
+from ocrvl_layout.images import decode
+from ocrvl_layout.metrics import Metrics
+from ocrvl_layout.model import BatchPage, LayoutModel
+from ocrvl_layout.options import LayoutOptions, parse_request
+from ocrvl_layout.postprocess import layout_boxes
+from ocrvl_layout.settings import Settings
+
+log = logging.getLogger("ocrvl_layout")
+
+
+class Service:
+    """Everything the routes use: settings, metrics, and (once loaded) the model and batcher."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.model: LayoutModel | None = None
+        self.batcher: Batcher | None = None
+        self.failure: str | None = None
+        self.pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="layout-work")
+
+    async def load(self) -> str:
+        """Load and warm the model (in a thread), then start batching; a line saying what runs."""
+        settings, loop = self.settings, asyncio.get_running_loop()
+        model = await loop.run_in_executor(
+            None, lambda: LayoutModel(settings.model, settings.device, compile=settings.compile)
+        )
+        sizes = (1, settings.max_batch) if settings.compile and settings.max_batch > 1 else (1,)
+        seconds = await loop.run_in_executor(None, model.warm_up, sizes)
+        self.batcher = Batcher(
+            model,
+            self.metrics,
+            max_batch=settings.max_batch,
+            max_wait=settings.max_wait_ms / 1000,
+            max_queue=settings.max_queue,
+        )
+        self.batcher.start()
+        self.model = model
+        self.metrics.ready.set(1)
+        return f"{model.describe()}, warm-up {seconds:.1f} s"
+
+    async def close(self) -> None:
+        if self.batcher is not None:
+            await self.batcher.stop()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def ready(self) -> tuple[LayoutModel, Batcher]:
+        """The model and batcher, or NotReady while they load."""
+        if self.model is None or self.batcher is None:
+            reason = f"failed to load: {self.failure}" if self.failure else "loading"
+            raise NotReady(f"the layout model is not ready ({reason})", retry_after=5)
+        return self.model, self.batcher
+
+    async def in_pool(self, function: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
+
+
+def service_of(request: Request) -> Service:
+    service: Service = request.state.service
+    return service
+
+
+ServiceDep = Annotated[Service, Depends(service_of)]
+
+
+def create_app(
+    settings: Settings,
+    *,
+    on_ready: Callable[[str], None] | None = None,
+    on_fatal: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    """The layout service; `on_ready` hears when it is warm, `on_fatal` when loading failed."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        service = Service(settings)
+
+        async def load() -> None:
+            try:
+                line = await service.load()
+            except Exception as error:
+                service.failure = str(error)
+                log.exception("the layout model failed to load from %s", settings.model)
+                if on_fatal is not None:
+                    on_fatal(error)
+                return
+            log.info("ready: %s", line)
+            if on_ready is not None:
+                on_ready(line)
+
+        loading = asyncio.create_task(load(), name="layout-load")
+        try:
+            yield {"service": service}
+        finally:
+            loading.cancel()
+            await asyncio.gather(loading, return_exceptions=True)
+            await service.close()
+
+    app = FastAPI(title="ocrvl-layout", lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_handlers(app)
+    app.add_exception_handler(Exception, _unexpected)
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/ready", ready, methods=["GET"])
+    app.add_api_route("/metrics", metrics, methods=["GET"])
+    app.add_api_route("/v1/layout", layout, methods=["POST"])
+    return app
+
+
+async def _unexpected(_: Request, error: Exception) -> Response:
+    log.error("unexpected error", exc_info=error)
+    body = error_body(f"internal error: {type(error).__name__}", "server_error", None, None)
+    return JSONResponse(body, status_code=500)
+
+
+async def health(service: ServiceDep) -> Response:
+    """Alive: 200 while the process serves (503 once the model failed to load)."""
+    if service.failure:
+        body = error_body(
+            f"the model failed to load: {service.failure}", "server_error", None, "model_failed"
+        )
+        return JSONResponse(body, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def ready(service: ServiceDep) -> Response:
+    """200 once the model is loaded and warm, 503 before."""
+    model, _ = service.ready()
+    return JSONResponse({"status": "ready", "model": model.describe()})
+
+
+async def metrics(service: ServiceDep) -> Response:
+    return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def layout(request: Request, service: ServiceDep) -> Response:
+    """Each image's final layout boxes, in reading order (docs/layout.md)."""
+    outcome = "error"
+    try:
+        response = await _layout(request, service)
+    except (InvalidRequest, PayloadTooLarge):
+        outcome = "invalid"
+        raise
+    except Overloaded:
+        outcome = "overloaded"
+        raise
+    except NotReady:
+        outcome = "not_ready"
+        raise
+    else:
+        outcome = "ok"
+        return response
+    finally:
+        service.metrics.requests.labels(outcome=outcome).inc()
+
+
+async def _layout(request: Request, service: ServiceDep) -> Response:
+    model, batcher = service.ready()
+    settings = service.settings
+    body = await _read_body(request, settings.max_request_bytes)
+    try:
+        document = await service.in_pool(json.loads, body)
+    except (ValueError, RecursionError) as error:
+        raise InvalidRequest(f"the body is not JSON: {error}", code="invalid_json") from None
+    parsed = parse_request(document, num_labels=len(model.labels), max_images=settings.max_images)
+    batcher.check_room(len(parsed.images))  # before decoding: shed load at once
+    started = time.monotonic()
+    decoded = await asyncio.gather(
+        *(
+            service.in_pool(_prepare, model, url, i, settings.max_pixels, parsed.options)
+            for i, url in enumerate(parsed.images)
+        )
+    )
+    found = await batcher.run(list(decoded))
+    results = await asyncio.gather(
+        *(
+            service.in_pool(_result, candidates, model.labels, parsed.options)
+            for candidates in found
+        )
+    )
+    log.debug("%d pages in %.3f s", len(results), time.monotonic() - started)
+    return JSONResponse({"results": results})
+
+
+def _prepare(
+    model: LayoutModel, url: str, index: int, max_pixels: int, options: LayoutOptions
+) -> BatchPage:
+    """Decode `images[index]` and resize it for the model (a worker thread)."""
+    pixels = decode(url, index, max_pixels)
+    height, width = pixels.shape[:2]
+    # PaddleX gives transformers' post-processing 0.0 when thresholds are per class
+    # (DetTransformersPredictor._get_hf_threshold) and applies them itself afterwards
+    threshold = 0.0 if isinstance(options.threshold, dict) else options.threshold
+    return BatchPage(model.preprocessing.resize(pixels), width, height, threshold)
+
+
+def _result(candidates: Any, labels: list[str], options: LayoutOptions) -> dict[str, Any]:
+    boxes = layout_boxes(candidates, labels, options)
+    return {"width": candidates.width, "height": candidates.height, "boxes": boxes}
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) as soon as it passes `limit` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(
+            f"the body is {declared} bytes; at most {limit} (--max-request-bytes)"
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the body is over {limit} bytes (--max-request-bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+__all__ = ["LayoutError", "Service", "create_app"]

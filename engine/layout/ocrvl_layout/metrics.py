@@ -1,0 +1,58 @@
+"""The layout service's Prometheus metrics, in a registry of its own (one per app)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+PAGE_BUCKETS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024)
+OUTCOMES = ("ok", "invalid", "overloaded", "not_ready", "error")
+
+
+class Metrics:
+    """Batch sizes, queue waits, forward time per page, pages, requests and forward passes."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.batch_size = Histogram(
+            "ocrvl_layout_batch_size",
+            "Pages in one forward pass.",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "ocrvl_layout_queue_wait_seconds",
+            "From a page's arrival in the queue to the start of its forward pass.",
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.page_seconds = Histogram(
+            "ocrvl_layout_page_seconds",
+            "A forward pass's time over its pages (ms per page, in seconds), once per pass.",
+            buckets=PAGE_BUCKETS,
+            registry=r,
+        )
+        self.forward_seconds = Histogram(
+            "ocrvl_layout_forward_seconds",
+            "One forward pass and its candidate extraction.",
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.pages = Counter("ocrvl_layout_pages", "Pages run through the model.", registry=r)
+        self.forward_passes = Counter(
+            "ocrvl_layout_forward_passes", "Forward passes (batches) run.", registry=r
+        )
+        self.requests = Counter(
+            "ocrvl_layout_requests",
+            "POST /v1/layout requests by outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in OUTCOMES:
+            self.requests.labels(outcome=outcome)
+        self.queue_depth = Gauge(
+            "ocrvl_layout_queue_pages", "Pages waiting for a forward pass.", registry=r
+        )
+        self.ready = Gauge("ocrvl_layout_ready", "1 once the model is loaded and warm.", registry=r)

@@ -1,0 +1,37 @@
+"""The layout service's settings: `--flags` on the command line, else `OCRVL_LAYOUT_*` variables."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_PORT = 8300
+
+
+class Settings(BaseSettings):
+    """Every setting of `python -m ocrvl_layout` (docs/layout.md lists them)."""
+
+    model_config = SettingsConfigDict(env_prefix="OCRVL_LAYOUT_", extra="ignore")
+
+    model: str = Field(
+        description="a PP-DocLayoutV3 checkpoint (transformers' files): a folder, or a Hugging Face"
+        " repo id found in (or, online, fetched into) the Hugging Face cache"
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="0: any free port")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_batch: int = Field(8, ge=1, description="pages per forward pass, at most")
+    max_wait_ms: float = Field(10.0, ge=0, description="how long a batch waits for more pages")
+    compile: bool = Field(False, description="torch.compile the model (warm-up compiles it)")
+    max_queue: int = Field(256, ge=1, description="pages waiting for a batch; more: 503")
+    max_images: int = Field(32, ge=1, description="images in one request")
+    max_pixels: int = Field(
+        60_000_000,
+        ge=1,
+        description="pixels of one image (width x height): the gateway's OCRVL_MAX_PAGE_PIXELS",
+    )
+    max_request_bytes: int = Field(256 * 1024 * 1024, ge=1, description="a request body's size")
+    workers: int = Field(4, ge=1, description="threads that decode images and post-process")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -1,0 +1,60 @@
+"""What a document's page asks of the engine when the client says nothing, and how an answer cut
+by `max_tokens` shows in markdown: /v1/ocr and jobs (the /ui page sends /v1/ocr's requests).
+
+FakeVLLM stands in for the engine: it records each page's request and can say it was cut.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.main import create_app
+from tests.conftest import CLIENT_KEY, settings_for
+from tests.jobs.test_api import until_ended
+from tests.support.documents import pdf
+from tests.support.fake_backend import FakeVLLM
+from tests.support.servers import lifespan_client
+
+pytestmark = pytest.mark.anyio
+AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+
+
+@pytest.mark.parametrize(("model_len", "expected"), [(32_768, 4096), (2048, 2048)])
+async def test_a_page_asks_for_4096_tokens_at_most_by_default(
+    fake: FakeVLLM, tmp_path: Path, model_len: int, expected: int
+) -> None:
+    """No `max_tokens`: each page of /v1/ocr and of a job asks for PaddleOCR's 4,096, held to
+    the engine's max_model_len; a client's own value goes as it is."""
+    fake.max_model_len = model_len
+    settings = settings_for(fake.url, preprocess_workers=1, data_dir=tmp_path)
+    async with lifespan_client(create_app(settings), headers=AUTH, timeout=60) as client:
+        direct = await client.post("/v1/ocr", files={"file": ("doc.pdf", pdf(1))})
+        assert direct.status_code == 200, direct.text
+        job = (await client.post("/v1/ocr/jobs", files={"file": ("doc.pdf", pdf(1))})).json()
+        assert (await until_ended(client, job["id"]))["status"] == "succeeded"
+        own = await client.post(
+            "/v1/ocr", files={"file": ("doc.pdf", pdf(1))}, data={"max_tokens": "9"}
+        )
+        assert own.status_code == 200, own.text
+    assert [body["max_tokens"] for body in fake.bodies] == [expected, expected, 9]
+
+
+async def test_markdown_marks_a_page_cut_by_max_tokens(fake: FakeVLLM, tmp_path: Path) -> None:
+    """A page whose answer stopped at max_tokens: JSON says finish_reason `length`, markdown
+    (of /v1/ocr and of a job's result) adds a comment after the page's text saying so."""
+    fake.finish_reason = "length"
+    settings = settings_for(fake.url, preprocess_workers=1, data_dir=tmp_path)
+    cut = "Hello page\n\n<!-- page {} was cut at max_tokens: its text is incomplete -->"
+    expected = "\n\n".join(cut.format(n) for n in (1, 2)) + "\n"
+    markdown = {"accept": "text/markdown"}
+    async with lifespan_client(create_app(settings), headers=AUTH, timeout=60) as client:
+        answer = await client.post("/v1/ocr", files={"file": ("d.pdf", pdf(2))}, headers=markdown)
+        assert answer.text == expected
+        job = (await client.post("/v1/ocr/jobs", files={"file": ("d.pdf", pdf(2))})).json()
+        await until_ended(client, job["id"])
+        result = await client.get(f"/v1/ocr/jobs/{job['id']}/result", headers=markdown)
+        assert result.text == expected
+        pages = (await client.get(f"/v1/ocr/jobs/{job['id']}/result")).json()["pages"]
+        assert [page["finish_reason"] for page in pages] == ["length", "length"]

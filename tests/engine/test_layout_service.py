@@ -1,0 +1,112 @@
+"""The layout service's life: settings it refuses, a checkpoint it cannot load, and readiness
+that waits for the warm-up (503 `not_ready` with Retry-After until then)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.layout_service import ENGINE_VENV, ROOT, tiny_layout_dir
+from tests.support.servers import lifespan_client
+from tests.support.tiny_layout import CONFIG_LABELS, LABELS
+
+pytestmark = pytest.mark.engine
+
+PYTHON = str(ENGINE_VENV / "bin" / "python")
+
+
+def test_without_a_model_the_command_says_how_to_name_one() -> None:
+    """No --model and no OCRVL_LAYOUT_MODEL: exit 2 and a message naming both."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OCRVL_LAYOUT_")}
+    done = subprocess.run(
+        [PYTHON, "-m", "ocrvl_layout"],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2
+    assert "--model" in done.stderr
+    assert "OCRVL_LAYOUT_MODEL" in done.stderr
+
+
+def test_a_folder_that_is_no_checkpoint_ends_the_process(tmp_path: Path) -> None:
+    """A model folder without a checkpoint: the service says why and exits 1 (it never reports
+    ready), so a supervisor sees the failure."""
+    done = subprocess.run(
+        [PYTHON, "-m", "ocrvl_layout", "--model", str(tmp_path), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "has no config.json" in output
+    assert "ready on" not in output
+
+
+def test_ready_waits_for_the_warm_up_and_layout_requests_wait_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In-process, the warm-up held back on an event: /health 200, /ready and /v1/layout 503
+    `not_ready` with Retry-After; once the warm-up runs, /ready is 200 and pages are served."""
+    from ocrvl_layout.api import create_app  # noqa: PLC0415
+    from ocrvl_layout.model import LayoutModel  # noqa: PLC0415
+    from ocrvl_layout.settings import Settings  # noqa: PLC0415
+
+    release = threading.Event()
+    warm_up = LayoutModel.warm_up
+
+    def held_warm_up(self: LayoutModel, *args: Any) -> float:
+        release.wait(timeout=120)
+        return warm_up(self, *args)
+
+    monkeypatch.setattr(LayoutModel, "warm_up", held_warm_up)
+
+    async def scenario() -> None:
+        ready = asyncio.Event()
+        app = create_app(
+            Settings(model=str(tiny_layout_dir()), device="cpu"), on_ready=lambda _: ready.set()
+        )
+        async with lifespan_client(app) as client:
+            assert (await client.get("/health")).status_code == 200
+            for response in (
+                await client.get("/ready"),
+                await client.post("/v1/layout", json={"images": ["x"]}),
+            ):
+                assert response.status_code == 503
+                assert response.json()["error"]["code"] == "not_ready"
+                assert int(response.headers["retry-after"]) >= 1
+            release.set()
+            await asyncio.wait_for(ready.wait(), timeout=120)
+            assert (await client.get("/ready")).status_code == 200
+            metrics = (await client.get("/metrics")).text
+            assert 'ocrvl_layout_requests_total{outcome="not_ready"} 1.0' in metrics
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+
+
+def test_label_names_come_from_inference_yml_as_paddlex_reads_them(tmp_path: Path) -> None:
+    """inference.yml's label_list names the classes (display_formula, not config.json's
+    repeated `formula`); without it an id2label of repeated names reads as PaddleX's list, and
+    distinct names as they are; a label_list of another length is refused."""
+    from ocrvl_layout.model import CheckpointError, labels_of  # noqa: PLC0415
+
+    assert labels_of(tiny_layout_dir(), list(CONFIG_LABELS)) == list(LABELS)
+    assert labels_of(tmp_path, list(CONFIG_LABELS)) == list(LABELS)  # no inference.yml here
+    own = [f"kind_{i}" for i in range(25)]
+    assert labels_of(tmp_path, own) == own
+    (tmp_path / "inference.yml").write_text("label_list: [text, title]\n")
+    with pytest.raises(CheckpointError, match="names 2 labels"):
+        labels_of(tmp_path, own)
