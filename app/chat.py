@@ -34,6 +34,7 @@ class ChatRequest:
     stream: bool
     blobs: Blobs | None = None  # inline images the payload holds only as placeholders
     pages: int = 1  # sequences it makes the engine decode at once (`n`), set by app/policy.py
+    units: int | None = None  # its work in admission (app/scheduling); None: `pages` pages
     edited: bool = False  # the payload was changed in place since `raw` (app/policy.py)
 
     def take_body(self, served_model: str, max_pixels: int) -> bytes:
@@ -83,10 +84,20 @@ class ChatRequest:
         text = self.raw[start:end].decode(errors="replace")
         return text.replace("\\/", "/")  # JSON may escape "/", which base64 holds
 
+    def inline_head(self, value: str, chars: int) -> str:
+        """The first `chars` characters of `value`, or of the image it stands for, without
+        copying the rest of it out of `raw`."""
+        if self.blobs is None or not value.startswith(self.blobs.tag):
+            return value[:chars]
+        start, end = self.blobs.spans[int(value[len(self.blobs.tag) :])]
+        text = self.raw[start : min(end, start + chars)].decode(errors="replace")
+        return text.replace("\\/", "/")
+
     def rewritten(self) -> ChatRequest:
         """The request again, from its payload as changed in place (images inlined)."""
         again = parse(self.encode(self.payload))
         again.pages = self.pages
+        again.units = self.units
         return again
 
 
@@ -121,8 +132,8 @@ def parse(raw: bytes) -> ChatRequest:
 
     Inline images (long `data:` strings) are not parsed: the gateway needs only their scheme,
     and parsing a 1 MB image into a 1 MB string costs time and a second copy. They stay bytes
-    in `raw`, placeholders in the payload, and go to vLLM as the client sent them (vLLM
-    decodes and checks them; a malformed one gets vLLM's 400).
+    in `raw`, placeholders in the payload, and go to vLLM as the client sent them; the gateway
+    reads only each one's header (app/images.py: size, shape, format) before it is sent.
     """
     outline = _outline(raw)
     blobs = None

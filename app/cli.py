@@ -6,10 +6,11 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import ValidationError
 
-from app import __version__
+from app import KEYS_FILE, __version__
 from app.usage.commands import add_budget_flags
 from app.usage.commands import register as register_usage
 
@@ -57,10 +58,24 @@ def _keys_create(args: argparse.Namespace) -> int:
     print(key)
     print(
         f"Stored the SHA-256 of key {args.name!r} in {args.file}; this is the only time the key "
-        "is shown.",
+        f"is shown.\n{_how_read(Path(args.file))}",
         file=sys.stderr,
     )
     return 0
+
+
+def _how_read(path: Path) -> str:
+    """How a gateway comes to read the keys file at `path`."""
+    if os.environ.get("OCRVL_API_KEYS_FILE") and Path(os.environ["OCRVL_API_KEYS_FILE"]) == path:
+        where = "a gateway started with this OCRVL_API_KEYS_FILE reads it"
+    elif path == Path(KEYS_FILE):
+        where = (
+            "a gateway started in this folder (`make serve`, `ocrvl serve`) reads it without "
+            "OCRVL_API_KEYS_FILE, and docker compose mounts ./secrets for its gateway"
+        )
+    else:
+        where = f"start the gateway with OCRVL_API_KEYS_FILE={path} to use it"
+    return f"{where[0].upper()}{where[1:]}; a running gateway takes a change within 1 s."
 
 
 def _keys_set(args: argparse.Namespace) -> int:
@@ -89,6 +104,13 @@ def _keys_set(args: argparse.Namespace) -> int:
 def _keys_list(args: argparse.Namespace) -> int:
     from app.auth import KeyFile, KeyFileError
 
+    if not Path(args.file).exists():
+        print(
+            f"ocrvl keys list: no keys file at {args.file}: `ocrvl keys create NAME` makes one "
+            "(--file or OCRVL_API_KEYS_FILE names another)",
+            file=sys.stderr,
+        )
+        return 1
     try:
         entries = KeyFile(args.file).read()
     except KeyFileError as exc:
@@ -143,8 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("name", help="a name for the key, used in logs instead of the key")
     create.add_argument(
         "--file",
-        default=os.environ.get("OCRVL_API_KEYS_FILE", "api_keys.json"),
-        help="the keys file (default OCRVL_API_KEYS_FILE or ./api_keys.json)",
+        default=os.environ.get("OCRVL_API_KEYS_FILE") or KEYS_FILE,
+        help=f"the keys file (default OCRVL_API_KEYS_FILE or ./{KEYS_FILE}, which a gateway "
+        "started here reads)",
     )
     create.add_argument("--rpm", type=_count, help="requests per minute (default OCRVL_KEY_RPM)")
     create.add_argument(

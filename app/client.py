@@ -6,14 +6,17 @@ Imports only argparse at module level: `ocrvl --help` stays instant; httpx loads
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import IO, Any
 
 FORMATS = ("md", "json", "ndjson")
+FIGURE_NAME = re.compile(r"imgs/[A-Za-z0-9_.-]+\.jpg")
 
 
 def register(commands: Any) -> None:
@@ -30,6 +33,12 @@ def register(commands: Any) -> None:
     ocr.add_argument("--dpi", type=int, help="PDF rendering resolution (server default 144)")
     ocr.add_argument("--max-tokens", type=int, help="output token cap per page")
     ocr.add_argument("--model", help="model name (default: the first served model)")
+    ocr.add_argument(
+        "--layout",
+        choices=("auto", "on", "off"),
+        help="read pages block by block with the server's layout service (default auto: when "
+        "it has one); with a .md --out, figures are written beside it in imgs/",
+    )
     ocr.add_argument(
         "--out",
         type=Path,
@@ -79,7 +88,7 @@ class RequestFailed(Exception):
 def _read_file(http: Any, file: Path, args: argparse.Namespace) -> int:
     fields = {
         name: str(value)
-        for name in ("task", "pages", "dpi", "max_tokens", "model")
+        for name in ("task", "pages", "dpi", "max_tokens", "model", "layout")
         if (value := getattr(args, name)) is not None
     }
     if args.job:
@@ -95,7 +104,7 @@ def _read_file(http: Any, file: Path, args: argparse.Namespace) -> int:
         with http.stream("POST", "/v1/ocr", data=fields, files=files) as response:
             if response.status_code != 200:
                 response.read()
-                raise RequestFailed(_error_message(response.status_code, response.content))
+                raise RequestFailed(_error_message(response))
             progress = Progress(file.name, sys.stderr)
             for line in response.iter_lines():
                 if line.strip():
@@ -116,11 +125,13 @@ def _handle(event: dict[str, Any], out: Writer, progress: Progress) -> None:
         out.finish(event)
 
 
-def _error_message(status: int, body: bytes) -> str:
+def _error_message(response: Any) -> str:
+    from app.jobs.commands import refused  # noqa: PLC0415 (its 401 hint names --key)
+
     try:
-        return f"HTTP {status}: {json.loads(body)['error']['message']}"
+        return refused(response, json.loads(response.content)["error"]["message"])
     except (ValueError, KeyError, TypeError):
-        return f"HTTP {status}: {body[:300]!r}"
+        return refused(response, repr(response.content[:300]))
 
 
 def _output(file: Path, args: argparse.Namespace) -> Writer:
@@ -169,6 +180,8 @@ class Writer:
     def add(self, page: dict[str, Any]) -> None:
         """One page, in whatever order they finish."""
         self.failed += "error" in page
+        if self.fmt == "md" and self.path is not None:
+            self._save_images(page.pop("images", None) or {})
         self._pages[page["index"]] = page
         if self.fmt == "ndjson":
             self._line(page)
@@ -183,6 +196,17 @@ class Writer:
             self._line(summary)
         self._save_json(summary.get("usage"))
 
+    def _save_images(self, images: dict[str, str]) -> None:
+        """A page's figures (the server's `imgs/NAME.jpg` data URLs) beside the markdown file
+        that names them, as PaddleX saves a page's markdown."""
+        assert self.path is not None  # noqa: S101 (markdown to a file only)
+        for name, url in images.items():
+            if not FIGURE_NAME.fullmatch(name) or not url.startswith("data:image/"):
+                continue  # only a plain imgs/NAME.jpg is written: nothing outside the folder
+            target = self.path.parent / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(base64.b64decode(url.partition(",")[2]))
+
     def _line(self, value: dict[str, Any]) -> None:
         self._stream.write(json.dumps(value, ensure_ascii=False) + "\n")
         self._stream.flush()
@@ -193,7 +217,7 @@ class Writer:
             if "error" in page:
                 text = f"<!-- page {page['index']} failed: {page['error']['message']} -->"
             else:
-                text = page.get("html") or page.get("text") or ""
+                text = page.get("markdown") or page.get("html") or page.get("text") or ""
             self._stream.write(("\n\n" if self._written else "") + text)
             self._written += 1
             if self._written == len(self._order):

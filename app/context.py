@@ -65,6 +65,18 @@ class RequestContext:
 
         self.release = both
 
+    def part(self, suffix: str, served_model: str) -> RequestContext:
+        """The context of one part of this request sent on its own (a document's page or
+        block): an id under this one's, the client's ids, key and model, the served model."""
+        return RequestContext(
+            request_id=f"{self.request_id}-{suffix}",
+            client_request_id=self.client_request_id,
+            client_retry=self.client_retry,
+            key_name=self.key_name,
+            model=self.model,
+            served_model=served_model,
+        )
+
     def elapsed(self) -> float:
         """Seconds since the request arrived."""
         return time.perf_counter() - self.started

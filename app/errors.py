@@ -12,6 +12,7 @@
     ├── Overloaded           503     admission queue full, or waited OCRVL_QUEUE_TIMEOUT
     └── UpstreamError                the backend could not give an answer
         ├── BackendUnavailable   502/503  refused, reset, or no healthy backend
+        │   └── LayoutUnavailable    503  no layout service ready, or it failed or was slow
         ├── BackendTimeout       504      OCRVL_REQUEST_TIMEOUT ran out
         └── BackendRejected      4xx/5xx  the backend's own error, passed on
 
@@ -77,10 +78,12 @@ class GatewayError(Exception):
 
 
 class InvalidRequest(GatewayError):
-    """The request body is not a chat completion request the gateway can relay."""
+    """The request is not one the gateway can serve; `code` says which mistake (never null:
+    the same mistake has the same code on every route, docs/clients.md)."""
 
     status = 400
     type = "invalid_request_error"
+    code = "invalid_request"
 
 
 class AuthenticationFailed(GatewayError):
@@ -198,6 +201,16 @@ class BackendUnavailable(UpstreamError):
         return {"retry-after": str(self.retry_after)} if self.status == 503 else {}
 
 
+class LayoutUnavailable(BackendUnavailable):
+    """The layout service cannot give a page's layout now (none ready, refused, a 5xx, or
+    slower than OCRVL_LAYOUT_TIMEOUT): 503 with `Retry-After` (document jobs wait and retry)."""
+
+    code = "layout_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 5) -> None:
+        super().__init__(message, status=503, retry_after=retry_after)
+
+
 class BackendTimeout(UpstreamError):
     """The request ran past OCRVL_REQUEST_TIMEOUT."""
 
@@ -241,10 +254,13 @@ async def _gateway_error(_: Request, exc: Exception) -> Response:
     return error_response(cast(GatewayError, exc))
 
 
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
 async def _http_error(_: Request, error: Exception) -> Response:
     exc = cast(StarletteHTTPException, error)
     type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    code = "not_found" if exc.status_code == 404 else None
+    code = HTTP_CODES.get(exc.status_code, "invalid_request" if exc.status_code < 500 else None)
     body = error_body(str(exc.detail), type_, None, code)
     return Response(
         orjson.dumps(body),

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from app import __version__, logs
+from app import __version__, logs, openapi
 from app.allocator import trim_when_idle
 from app.auth import Keyring
 from app.backends import BackendPool
@@ -20,6 +20,7 @@ from app.batches.requests import Chats
 from app.batches.runner import open_batches
 from app.context import RequestContextMiddleware
 from app.discovery import Discovery
+from app.documents.layouts import open_layouts
 from app.documents.workers import Preprocessor
 from app.errors import install_handlers
 from app.images import ChatImages
@@ -28,7 +29,7 @@ from app.media import MediaPolicy
 from app.metrics import Metrics
 from app.proxy import Relay
 from app.quotas import Quotas
-from app.routes import batches, chat, files, health, jobs, models, ocr, ui, usage
+from app.routes import batches, chat, files, health, jobs, layout_parsing, models, ocr, ui, usage
 from app.scheduling import Scheduler
 from app.settings import Settings
 from app.state import Gateway, State
@@ -169,9 +170,10 @@ async def open_gateway(settings: Settings, metrics: Metrics, stack: AsyncExitSta
     stack.push_async_callback(asyncio.to_thread, documents.close)
     media = MediaPolicy(settings)
     stack.push_async_callback(media.aclose)
+    layouts = await open_layouts(settings, stack)
     runner = await open_jobs(
         settings, metrics=metrics, scheduler=scheduler, relay=relay, documents=documents,
-        stack=stack, meter=meter,
+        stack=stack, meter=meter, layouts=layouts,
     )  # fmt: skip
     images = ChatImages(settings, documents)
     chats = Chats(settings, pool, relay, media, images)
@@ -194,6 +196,7 @@ async def open_gateway(settings: Settings, metrics: Metrics, stack: AsyncExitSta
         jobs=runner,
         batches=batches,
         usage=meter,
+        layouts=layouts,
     )
 
 
@@ -215,8 +218,9 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
     )
     install_handlers(app)
+    openapi.install(app)  # every route's body and answers in /openapi.json
     routers = [chat.router, ocr.router, jobs.router, files.router, batches.router, usage.router]
-    routers += [models.router, health.router]
+    routers += [layout_parsing.router, models.router, health.router]  # PaddleX's serving API
     routers += ui.routers(settings)  # the /ui page, unless OCRVL_UI=off
     for router in routers:
         app.include_router(router)

@@ -4,9 +4,10 @@ A chat message (or an OCR `file`) naming an `http(s)://` image makes whoever fet
 server-side request forgery tool: cloud metadata (169.254.169.254), internal services. vLLM would
 fetch from inside the cluster, so the gateway either refuses (default) or fetches itself:
 the name is resolved once and the connection pinned to that address (no DNS rebinding between
-check and connect); loopback, private, link-local, multicast, reserved, IPv4-mapped and other
-non-public addresses are refused; at most 3 redirects, each checked again; size and time caps;
-the bytes must sniff as an image (or a PDF, for OCR). The image then travels inline as a data URL.
+check and connect); every address in IANA's special-purpose registries is refused (loopback,
+private, link-local, CGNAT, documentation, IPv4-mapped…: app/addresses.py's one table); at most
+3 redirects, each checked again; size and time caps; the bytes must sniff as an image (or a PDF,
+for OCR). The image then travels inline as a data URL.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
+from app.addresses import Address, refusal
 from app.chat import ChatRequest, content_parts
 from app.documents.errors import DocumentError
 from app.documents.sniff import sniff
@@ -30,9 +32,6 @@ MAX_REDIRECTS = 3
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 # Parts of a chat message whose URL the engine would fetch.
 URL_PARTS = ("image_url", "video_url", "audio_url")
-NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
-
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
@@ -40,29 +39,6 @@ async def system_resolver(host: str, port: int) -> list[str]:
     """Every address `host` resolves to, through the system resolver (without blocking)."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return [str(info[4][0]) for info in infos]
-
-
-def refusal(address: Address, allow_loopback: bool = False) -> str | None:
-    """Why the gateway must not connect to `address`, or None when it is a public address."""
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return "an IPv4-mapped IPv6 address"
-        if address.sixtofour is not None or address.teredo is not None:
-            return "an IPv6 tunnel address (6to4/Teredo)"
-        if any(address in net for net in NAT64):
-            return "a NAT64 address"
-    if address.is_loopback:
-        return None if allow_loopback else "a loopback address"
-    for reason, flag in (
-        ("an unspecified address", address.is_unspecified),
-        ("a link-local address", address.is_link_local),
-        ("a multicast address", address.is_multicast),
-        ("a reserved address", address.is_reserved),
-        ("a private address", address.is_private),
-    ):
-        if flag:
-            return reason
-    return None if address.is_global else "not a public address"
 
 
 def host_allowed(host: str, allowed: list[str]) -> bool:

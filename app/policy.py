@@ -142,8 +142,9 @@ def check(payload: dict[str, Any], settings: Settings, model_len: int | None) ->
 # ------------------------------------------------------------------------------ capped fields
 
 
-def _integer(name: str, value: object, low: int, high: int | None, setting: str) -> int:
-    """`value` if it is a JSON integer in [low, high]; else the 400 that says which bound."""
+def bounded_integer(name: str, value: object, low: int, high: int | None, setting: str) -> int:
+    """`value` if it is a JSON integer in [low, high]; else the 400 that says which bound (the
+    one wording and code of a bad integer on every route: chat, /v1/ocr, jobs)."""
     if type(value) is not int:  # vLLM would read "1000" or 3.0 as a number: not past the cap
         raise InvalidRequest(
             f"`{name}` must be an integer; got {quoted(value)}", param=name, code="invalid_type"
@@ -165,13 +166,13 @@ def _integer(name: str, value: object, low: int, high: int | None, setting: str)
 
 def _n(name: str, value: object, settings: Settings, model_len: int | None) -> int:
     """`n` (also the beam width): each sequence is a page to the engine, so each counts."""
-    return _integer(name, value, 1, settings.max_n, "OCRVL_MAX_N")
+    return bounded_integer(name, value, 1, settings.max_n, "OCRVL_MAX_N")
 
 
 def _tokens(name: str, value: object, settings: Settings, model_len: int | None) -> int:
     """max_tokens, max_completion_tokens, min_tokens: within the served model's length."""
     low = 0 if name == "min_tokens" else 1
-    _integer(name, value, low, model_len, "the served model's max_model_len")
+    bounded_integer(name, value, low, model_len, "the served model's max_model_len")
     return 1
 
 
@@ -179,7 +180,7 @@ def _logprobs(name: str, value: object, settings: Settings, model_len: int | Non
     """top_logprobs and prompt_logprobs (-1, the whole vocabulary, is over any cap)."""
     if value == -1 and type(value) is int:
         value = settings.max_logprobs + 1  # refused below as over the cap
-    _integer(name, value, 0, settings.max_logprobs, "OCRVL_MAX_LOGPROBS")
+    bounded_integer(name, value, 0, settings.max_logprobs, "OCRVL_MAX_LOGPROBS")
     return 1
 
 

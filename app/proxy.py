@@ -6,6 +6,7 @@ passes, the upstream request is closed, which makes vLLM abort the generation an
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,8 +28,7 @@ from app.errors import (
     UpstreamError,
 )
 from app.guard import Guarded
-from app.scheduling import Lease, Scheduler
-from app.scheduling.pages import widened
+from app.scheduling import PAGE_UNITS, Lease, Scheduler, Work
 from app.upstream import Body, Upstream, UpstreamResponse
 from app.usage.reading import StreamUsage, ask_for_usage, count_answer, spliced
 
@@ -105,9 +105,11 @@ class Relay:
         tried: set[str] = set()
         failures: list[str] = []
         replays = 0
+        # `n` > 1 decodes n sequences at once on one backend: n pages of work (a layout
+        # block brings its own units; docs/admission.md)
+        work = Work(chat.units or chat.pages * PAGE_UNITS, chat.pages)
         while True:
-            lease = await self._admit(served, context, frozenset(tried), failures)
-            lease = widened(lease, self._scheduler, chat.pages)
+            lease = await self._admit(served, context, frozenset(tried), failures, work)
             backend = lease.backend
             context.backend = backend.url
             upstream = None
@@ -137,12 +139,18 @@ class Relay:
             return lease, upstream, head, rest
 
     async def _admit(
-        self, served: str, context: RequestContext, tried: frozenset[str], failures: list[str]
+        self,
+        served: str,
+        context: RequestContext,
+        tried: frozenset[str],
+        failures: list[str],
+        work: Work,
     ) -> Lease:
         """A slot from the scheduler (waiting in its queue if need be), or why there is none."""
         started = time.perf_counter()
         try:
-            lease = await self._scheduler.acquire(served, context.key_name or "anonymous", tried)
+            key = context.key_name or "anonymous"
+            lease = await self._scheduler.acquire(served, key, tried, work)
         finally:
             context.queued_seconds += time.perf_counter() - started
         if lease is not None:
@@ -318,11 +326,28 @@ def backend_error(status: int, raw: bytes) -> BackendRejected:
     if not isinstance(message, str) or not message:
         text = raw.decode("utf-8", "replace").strip()[:500]
         message = f"the backend answered {status}" + (f": {text}" if text else "")
+    param = fields.get("param") if isinstance(fields.get("param"), str) else None
     code = fields.get("code")
-    return BackendRejected(
-        status,
-        message,
-        type_=str(fields.get("type") or fallback_type),
-        param=fields.get("param") if isinstance(fields.get("param"), str) else None,
-        code=str(code) if code is not None else None,
+    # vLLM's code is its HTTP status and its type a Python class name: the gateway's own
+    # vocabulary instead, and no internals (object reprs, the processor's inputs) in the message
+    if not isinstance(code, str) or not code or code.isdigit():
+        code = "invalid_request" if status < 500 else "backend_error"
+    message = scrubbed(message)
+    if status < 500 and IMAGE_TROUBLE.search(message):
+        code, param = "invalid_image", param or "messages"
+    return BackendRejected(status, message, type_=fallback_type, param=param, code=code)
+
+
+# vLLM's messages of an image its processor could not take (PIL, the HF processor)
+IMAGE_TROUBLE = re.compile(r"image|Failed to apply \w+Processor", re.IGNORECASE)
+PROCESSOR_INPUTS = re.compile(r"(Failed to apply \w+) on data=.*", re.DOTALL)
+REPR = re.compile(r"\s*<(?:[A-Za-z_]\w*\.)+\w+(?:\s[^<>]*)?>")  # <PIL.Image.Image ...>
+
+
+def scrubbed(message: str) -> str:
+    """A backend's message without Python internals: object reprs go, and a processor error's
+    echo of its inputs becomes what it means."""
+    message = PROCESSOR_INPUTS.sub(
+        r"\1: the engine's image processor could not take an image of the request", message
     )
+    return REPR.sub("", message)

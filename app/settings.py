@@ -11,7 +11,10 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app import KEYS_FILE
+
 MiB = 1024 * 1024
+DEFAULT_KEYS_FILE = Path(KEYS_FILE)  # where `ocrvl keys create` writes (app/__init__.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +85,9 @@ class Settings(BaseSettings):
         default_factory=list, description="Comma-separated accepted client keys."
     )
     api_keys_file: Path | None = Field(
-        default=None, description="File of named keys (SHA-256 hashes), see `ocrvl keys create`."
+        default=None,
+        description="File of named keys (SHA-256 hashes), see `ocrvl keys create`; unset: "
+        "secrets/api-keys.json when that file exists (where `ocrvl keys create` writes).",
     )
     auth: Literal["on", "off"] = "on"
     backend_api_key: SecretStr | None = Field(
@@ -151,6 +156,22 @@ class Settings(BaseSettings):
         gt=0,
         description="Pixels a page may have before resizing (decompression bombs are refused "
         "from the header, before decoding); a PDF page counts at the requested dpi.",
+    )
+    ocr_block_concurrency: int = Field(
+        default=32,
+        gt=0,
+        description="Blocks of one /v1/ocr request or job (all its pages) in flight at once, "
+        "with the layout pipeline.",
+    )
+    layout_url: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated base URLs of the layout service (python -m ocrvl_layout); "
+        "set: /v1/ocr's `layout=auto` runs the layout pipeline (docs/ocr.md).",
+    )
+    layout_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a page may wait for the layout service's answer before a 503.",
     )
     ocr_min_pixels: int = Field(
         default=112_896, gt=0, description="PaddleOCR-VL's min_pixels (144 visual tokens)."
@@ -305,6 +326,18 @@ class Settings(BaseSettings):
     def _comma_separated(cls, value: object) -> object:
         return _split_csv(value)
 
+    @field_validator("layout_url", mode="before")
+    @classmethod
+    def _layout_urls(cls, value: object) -> object:
+        value = _split_csv(value)
+        for url in value if isinstance(value, list) else []:
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ValueError(
+                    "OCRVL_LAYOUT_URL entries must be http:// or https:// base URLs of the "
+                    f"layout service, comma-separated; got {url!r}"
+                )
+        return [url.rstrip("/") for url in value] if isinstance(value, list) else value
+
     @field_validator("backends", mode="before")
     @classmethod
     def _backend_specs(cls, value: object) -> object:
@@ -342,10 +375,13 @@ class Settings(BaseSettings):
                 "OCRVL_BACKENDS is empty: set it to the vLLM base URL(s), comma-separated, "
                 "e.g. http://127.0.0.1:8118"
             )
+        if self.api_keys_file is None and DEFAULT_KEYS_FILE.is_file():
+            self.api_keys_file = DEFAULT_KEYS_FILE  # what `ocrvl keys create` wrote here
         if self.auth == "on" and not self.api_keys and self.api_keys_file is None:
             raise ValueError(
-                "no API key is configured: set OCRVL_API_KEYS (comma-separated keys) or "
-                "OCRVL_API_KEYS_FILE (a file written by `ocrvl keys create NAME`), "
-                "or set OCRVL_AUTH=off to serve without keys"
+                "no API key is configured: run `ocrvl keys create NAME` (it writes "
+                f"{DEFAULT_KEYS_FILE}, which the gateway reads), or set OCRVL_API_KEYS "
+                "(comma-separated keys) or OCRVL_API_KEYS_FILE, or OCRVL_AUTH=off to serve "
+                "without keys"
             )
         return self

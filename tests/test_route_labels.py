@@ -17,7 +17,7 @@ import starlette
 
 from app.context import RouteLabels
 from app.logs import JSONFormatter
-from app.routes import batches, chat, files, health, jobs, models, ocr, ui, usage
+from app.routes import batches, chat, files, health, jobs, layout_parsing, models, ocr, ui, usage
 from tests.support.fake_backend import FakeVLLM
 from tests.support.prometheus import LABEL
 
@@ -43,6 +43,8 @@ LABELS = {
     ("GET", "/v1/batches/batch_unknown"): (404, "/v1/batches/{batch_id}"),
     ("POST", "/v1/batches/batch_unknown/cancel"): (404, "/v1/batches/{batch_id}/cancel"),
     ("GET", "/v1/usage"): (200, "/v1/usage"),
+    ("POST", "/layout-parsing"): (422, "/layout-parsing"),  # PaddleX's: a body it cannot take
+    ("POST", "/restructure-pages"): (422, "/restructure-pages"),
     ("GET", "/ui"): (200, "/ui"),
     ("GET", "/ui/app.js"): (200, "/ui/{name}"),
     ("GET", "/ui/missing.js"): (404, "/ui/{name}"),
@@ -70,7 +72,7 @@ def requests_by_label(metrics_text: str) -> dict[tuple[str, str], float]:
 def test_the_table_names_every_route_the_gateway_declares() -> None:
     """Each path of the gateway's routers (and FastAPI's /openapi.json) is pinned above."""
     routers = (chat.router, ocr.router, jobs.router, usage.router, models.router, health.router)
-    routers += (files.router, batches.router)
+    routers += (files.router, batches.router, layout_parsing.router)
     declared = {"/openapi.json"} | {
         route.path for router in (*routers, ui.router) for route in router.routes
     }  # fmt: skip

@@ -333,24 +333,30 @@ async def test_pages_not_answered_are_given_back(tmp_path: Path) -> None:
         await store.close()
 
 
-async def test_a_job_is_checked_whole_and_counted_page_by_page(tmp_path: Path) -> None:
-    """A job of more pages than the budget has left is refused before it is stored; its
-    finished pages count (with their tokens) against the budget."""
+async def test_a_job_reserves_its_pages_whole_and_gives_back_the_unanswered(
+    tmp_path: Path,
+) -> None:
+    """A job's pages are reserved at once (a second job past the budget is refused, however
+    little of the first has run); its answered pages count once (tokens with them), and its end
+    gives back the pages that got no answer."""
     store = SqliteUsage(tmp_path)
     await store.open()
-    meter = meter_on(store, pages_per_day=3)
+    meter = meter_on(store, pages_per_day=5)
     try:
         with pytest.raises(BudgetExhausted):
-            await meter.check("a", 4)
-        await meter.check("a", 3)
-        for _ in range(2):
-            meter.job_page("a", "m", {"prompt_tokens": 7, "completion_tokens": 3})
+            await meter.reserve("a", 6)
+        first = await meter.reserve("a", 4)
+        assert first == {"day": meter.today(), "pages": 4}
         with pytest.raises(BudgetExhausted):
-            await meter.check("a", 2)
-        await meter.check("a", 1)
+            await meter.reserve("a", 2)  # nothing of the first has run: its pages are taken
+        for _ in range(2):
+            meter.job_page("a", "m", {"prompt_tokens": 7, "completion_tokens": 3}, reserved=True)
+        await meter.release("a", first, answered=2)  # cancelled after 2 pages
         await meter.flush()
         day = meter.today()
         assert [t.counts.values() for t in await store.totals("a", day, day)] == [(0, 2, 14, 6)]
+        assert await meter.reserve("a", 3) is not None  # 2 used + 3 fit in 5
+        assert await meter_on(store).reserve("a", 100) is None  # no budget: nothing reserved
     finally:
         await store.close()
 

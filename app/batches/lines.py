@@ -1,9 +1,10 @@
 """The input file's rules, as OpenAI's: one JSON object a line, `custom_id` unique, one endpoint.
 
-A file that is not JSONL at all, mixes endpoints, repeats a `custom_id` or holds too many lines
-fails the batch at validation (`errors.data[]`, each naming its line); a line that is JSON but
-not a request (no `custom_id`, a method other than POST, no `body` object) or is not JSON at all
-in a file that otherwise is, becomes that line's error-file entry and the rest run.
+A file that is not JSONL at all, mixes endpoints, repeats a `custom_id`, holds too many lines or
+a line over OCRVL_MAX_BODY_BYTES (chat's own cap on a request) fails the batch at validation
+(`errors.data[]`, each naming its line); a line that is JSON but not a request (no `custom_id`,
+a method other than POST, no `body` object) or is not JSON at all in a file that otherwise is,
+becomes that line's error-file entry and the rest run.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import orjson
 
 ENDPOINTS = ("/v1/chat/completions",)
 MAX_ERRORS = 100  # validation errors listed; the rest would say the same
+SKIP_CHUNK = 1024 * 1024  # a line over the cap is read past in pieces this big
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,16 +32,26 @@ class Line:
     problem: str | None = None
 
 
-def read_lines(path: Path) -> Generator[tuple[int, bytes]]:
-    """Each non-blank line of the file with its number (blocking: run in a thread)."""
+def read_lines(path: Path, cap: int | None = None) -> Generator[tuple[int, bytes | None]]:
+    """Each non-blank line of the file with its number (blocking: run in a thread). A line of
+    more than `cap` bytes comes as None: it is skipped a chunk at a time, never held whole."""
+    limit = -1 if cap is None else cap + 1
     with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            if raw.strip():
+        number = 0
+        while raw := handle.readline(limit):
+            number += 1
+            if cap is not None and len(raw) > cap and not raw.endswith(b"\n"):
+                while (rest := handle.readline(SKIP_CHUNK)) and not rest.endswith(b"\n"):
+                    pass
+                yield number, None
+            elif raw.strip():
                 yield number, raw
 
 
-def parsed(number: int, raw: bytes, endpoint: str) -> Line:
+def parsed(number: int, raw: bytes | None, endpoint: str) -> Line:
     """The line as a request, or the reason it is not one (its error-file entry)."""
+    if raw is None:
+        return Line(number, None, None, f"line {number} is over the size a line may have")
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -69,17 +81,26 @@ NOT_JSONL = "the input file is not JSONL: none of its lines is a JSON object (on
 TOO_MANY = (
     "the input file has {} request lines; a batch may have at most {} (OCRVL_BATCH_MAX_REQUESTS)"
 )
+TOO_LARGE = (
+    "line {} is over {} bytes, what one request may be (OCRVL_MAX_BODY_BYTES, as on "
+    "/v1/chat/completions); send a smaller or more compressed image"
+)
 
 
 def validation_errors(
-    path: Path, endpoint: str, max_requests: int
+    path: Path, endpoint: str, max_requests: int, max_line_bytes: int
 ) -> tuple[int, list[dict[str, Any]]]:
-    """(request lines, errors that fail the whole batch) for the file (blocking)."""
+    """(request lines, errors that fail the whole batch) for the file (blocking); the file is
+    read a line at a time, and a line over `max_line_bytes` is never held whole."""
     errors: list[dict[str, Any]] = []
     seen: set[str] = set()
     count = objects = 0
-    for number, raw in read_lines(path):
+    for number, raw in read_lines(path, max_line_bytes):
         count += 1
+        if raw is None:
+            message = TOO_LARGE.format(number, max_line_bytes)
+            errors.append(_error("line_too_large", message, number, None))
+            continue
         try:
             value = orjson.loads(raw)
         except orjson.JSONDecodeError:

@@ -90,6 +90,7 @@ async def _ask(chats: Chats, raw: bytes, context: RequestContext) -> tuple[int, 
     context.served_model = catalog.resolve(parsed.model, served_models)
     parsed = policy.apply(parsed, chats.settings, served_models[context.served_model])
     parsed = await chats.media.inline_chat(parsed)
+    chats.images.check(parsed)
     parsed, context.images_resized = await chats.images.fit(parsed)
     response = await chats.relay.complete(parsed, context.served_model, context, _never)
     return response.status_code, orjson.loads(bytes(response.body))

@@ -2,7 +2,8 @@
 
 Each file's id comes from the batch's own (unguessable) id, so a gateway that dies while writing
 them and is replaced writes the same two files again rather than two more. Lines go to a spooled
-file one at a time, then into the file store, which keeps them for OCRVL_JOB_TTL.
+file a chunk at a time, as they are read from the store (memory stays flat however many lines
+the batch has), then into the file store, which keeps them for OCRVL_JOB_TTL.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import hashlib
 import os
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import BinaryIO
 
 import orjson
 
@@ -29,15 +32,29 @@ def file_id(batch_id: str, which: str) -> str:
     return f"file-{digest[:32]}"
 
 
-def _split(bodies: list[bytes], folder: Path) -> tuple[Path, int, Path, int]:
-    """The kept lines written to an output and an error file (blocking)."""
+def _write(bodies: list[bytes], good: BinaryIO, bad: BinaryIO, counts: list[int]) -> None:
+    """A chunk of kept lines, each to the output or the error file (blocking)."""
+    for body in bodies:
+        failed = is_error(orjson.loads(body))
+        (bad if failed else good).write(body)
+        counts[failed] += 1
+
+
+async def _split(chunks: AsyncIterator[list[bytes]], folder: Path) -> tuple[Path, int, Path, int]:
+    """The kept lines, read a chunk at a time, written to an output and an error file as they
+    come: the batch's lines are never all in memory at once."""
     output, errors = folder / "output.jsonl", folder / "errors.jsonl"
     counts = [0, 0]
-    with output.open("wb") as good, errors.open("wb") as bad:
-        for body in bodies:
-            failed = is_error(orjson.loads(body))
-            (bad if failed else good).write(body)
-            counts[failed] += 1
+    good = await asyncio.to_thread(output.open, "wb")
+    try:
+        bad = await asyncio.to_thread(errors.open, "wb")
+        try:
+            async for bodies in chunks:
+                await asyncio.to_thread(_write, bodies, good, bad, counts)
+        finally:
+            await asyncio.to_thread(bad.close)
+    finally:
+        await asyncio.to_thread(good.close)
     return output, counts[0], errors, counts[1]
 
 
@@ -49,7 +66,7 @@ def expired_lines(path: Path, kept: set[int], into: Path, batch_id: str) -> int:
             if number in kept:
                 continue
             try:
-                custom_id = orjson.loads(raw).get("custom_id")
+                custom_id = orjson.loads(raw or b"").get("custom_id")
             except (orjson.JSONDecodeError, AttributeError):
                 custom_id = None
             message = "the batch's completion window ended before this request ran"
@@ -63,16 +80,17 @@ async def write_files(
     files: Files,
     batch_id: str,
     owner: str,
-    bodies: list[bytes],
+    chunks: AsyncIterator[list[bytes]],
     *,
     ttl: float,
     unrun: tuple[Path, set[int]] | None = None,
 ) -> tuple[str | None, str | None]:
-    """(output file id, error file id), None for a file that would be empty; `unrun`: the
-    input file and the lines kept, the rest written as `batch_expired` errors."""
+    """(output file id, error file id), None for a file that would be empty; `chunks`: the
+    kept lines in order (Store.page_chunks); `unrun`: the input file and the lines kept, the
+    rest written as `batch_expired` errors."""
     folder = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="ocrvl-batch-"))
     try:
-        output, good, errors, bad = await asyncio.to_thread(_split, bodies, folder)
+        output, good, errors, bad = await _split(chunks, folder)
         if unrun is not None:
             bad += await asyncio.to_thread(expired_lines, unrun[0], unrun[1], errors, batch_id)
         now = time.time()

@@ -92,20 +92,26 @@ class BatchRunner(Runner):
 
     async def _validate(self, job: Job, path: Path) -> Job | None:
         """The batch in progress with its line count, or None once it failed validation."""
-        endpoint, cap = job.spec["endpoint"], self._settings.batch_max_requests
-        count, errors = await asyncio.to_thread(validation_errors, path, endpoint, cap)
-        if not errors and self.meter is not None:
+        settings = self._settings
+        count, errors = await asyncio.to_thread(
+            validation_errors, path, job.spec["endpoint"], settings.batch_max_requests,
+            settings.max_body_bytes,
+        )  # fmt: skip
+        reservation = None
+        if not errors and self.meter is not None:  # every line, under the key's page budgets
             try:
-                await self.meter.check(job.owner, count)
+                reservation = await self.meter.reserve(job.owner, count)
             except BudgetExhausted as exc:
                 errors = [_error("budget_exhausted", exc.message)]
         if errors:
             await self._fail(job, errors)
             return None
-        extra = {**job.extra, "in_progress_at": time.time()}
+        extra = {**job.extra, "in_progress_at": time.time(), "reserved": reservation}
         changes = {"pages_total": count, "extra": extra}
         if not await self.store.transition(job.id, (RUNNING,), RUNNING, changes):
-            return None  # cancelled meanwhile
+            if self.meter is not None:  # cancelled meanwhile: nothing of it will run
+                await self.meter.release(job.owner, reservation, 0)
+            return None
         job.pages_total, job.extra = count, extra
         return job
 
@@ -114,7 +120,7 @@ class BatchRunner(Runner):
         BACKGROUND.set(True)  # this task's (and its lines') requests take the background lane
         kept = await self.store.page_numbers(job.id)
         slots = asyncio.Semaphore(self._settings.job_page_concurrency)
-        lines = read_lines(path)
+        lines = read_lines(path, self._settings.max_body_bytes)
         expired = False
 
         async def one(line: Line) -> None:
@@ -148,7 +154,8 @@ class BatchRunner(Runner):
         )  # fmt: skip
         kept = await self.store.add_page(job.id, record)
         if kept and not done.failed and self.meter is not None:
-            self.meter.job_page(job.owner, done.model, usage)
+            reserved = bool(job.extra.get("reserved"))  # in the store since its validation
+            self.meter.job_page(job.owner, done.model, usage, reserved=reserved)
 
     async def _finish(self, batch_id: str, expired: Path | None) -> None:
         """finalizing, the files written, then completed (or expired: `expired` is the input)."""
@@ -160,9 +167,9 @@ class BatchRunner(Runner):
             return
         unrun = None if expired is None else (expired, await self.store.page_numbers(batch_id))
         ttl = self._settings.job_ttl
-        bodies = await self.store.pages(batch_id)
+        chunks = self.store.page_chunks(batch_id)
         output, errors = await write_files(
-            self.files, batch_id, job.owner, bodies, ttl=ttl, unrun=unrun
+            self.files, batch_id, job.owner, chunks, ttl=ttl, unrun=unrun
         )
         now = time.time()
         stamp, status = ("completed_at", SUCCEEDED) if expired is None else ("expired_at", EXPIRED)
@@ -170,6 +177,7 @@ class BatchRunner(Runner):
         changes = {"extra": extra, "finished_at": now, "expires_at": now + ttl}
         if await self.store.transition(batch_id, (RUNNING,), status, changes):
             await self.store.drop_document(batch_id)
+            await self.release(await self.store.get(batch_id) or job)
             log.info("batch %s %s: %d lines", batch_id, status, job.pages_done)
 
     async def _fail(self, job: Job, errors: list[dict[str, Any]]) -> None:
@@ -179,6 +187,7 @@ class BatchRunner(Runner):
         changes = {"extra": extra, "finished_at": now, "expires_at": now + self._settings.job_ttl}
         if await self.store.transition(job.id, (RUNNING,), FAILED, changes):
             await self.store.drop_document(job.id)
+            await self.release(job)
             log.info("batch %s failed: %s", job.id, errors[0]["code"])
 
     def _after_cancel(self, batch_id: str) -> None:
@@ -192,15 +201,16 @@ class BatchRunner(Runner):
         if job is None or job.status != CANCELLED or "cancelled_at" in job.extra:
             return
         ttl = self._settings.job_ttl
-        bodies = await self.store.pages(batch_id)
-        output, errors = await write_files(self.files, batch_id, job.owner, bodies, ttl=ttl)
+        chunks = self.store.page_chunks(batch_id)
+        output, errors = await write_files(self.files, batch_id, job.owner, chunks, ttl=ttl)
         now = time.time()
         extra = {**job.extra, "cancelled_at": now, "output_file_id": output}
         extra["error_file_id"] = errors
         changes = {"extra": extra, "finished_at": now, "expires_at": now + ttl}
         if await self.store.transition(batch_id, (CANCELLED,), CANCELLED, changes):
             await self.store.drop_document(batch_id)
-            log.info("batch %s cancelled: %d lines kept", batch_id, len(bodies))
+            await self.release(job)  # no line is kept once cancelled: its counts are final
+            log.info("batch %s cancelled: %d lines kept", batch_id, job.pages_done)
 
     async def sweep(self, now: float) -> None:
         """Batches and files past OCRVL_JOB_TTL are removed."""

@@ -44,7 +44,7 @@ def register(commands: Any) -> None:
     result.add_argument("--out", type=Path, help="result file (.md, .json, .ndjson)")
     result.add_argument("--format", choices=tuple(ACCEPT), help="default from --out, or md")
     result.set_defaults(func=_result)
-    cancel = actions.add_parser("cancel", help="cancel a job and delete its results")
+    cancel = actions.add_parser("cancel", help="cancel a job (its finished pages are kept)")
     cancel.add_argument("id")
     cancel.set_defaults(func=_cancel)
     listing = actions.add_parser("list", help="your jobs, newest first")
@@ -67,13 +67,27 @@ class Refused(Exception):
     """The gateway answered with an error."""
 
 
+def refused(response: Any, message: str) -> str:
+    """The gateway's refusal as the commands print it; a 401 says where the key comes from."""
+    text = f"HTTP {response.status_code}: {message}"
+    if response.status_code == 401:
+        sent = "authorization" in response.request.headers
+        text += (
+            "; the key sent (--key or OCRVL_API_KEY) is not one this gateway knows"
+            if sent
+            else "; no key was sent: give one with --key KEY or the OCRVL_API_KEY variable "
+            "(`ocrvl keys create NAME` makes one)"
+        )
+    return text
+
+
 def _checked(response: Any) -> Any:
     if response.status_code >= 400:
         try:
             message = response.json()["error"]["message"]
         except (ValueError, KeyError, TypeError):
             message = response.text[:300]
-        raise Refused(f"HTTP {response.status_code}: {message}")
+        raise Refused(refused(response, message))
     return response
 
 

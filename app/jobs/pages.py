@@ -20,6 +20,9 @@ from starlette.types import Message
 from app.context import RequestContext
 from app.documents.errors import DocumentError
 from app.documents.fanout import OcrJob, PageResult, page_request, read_answer
+from app.documents.layout_options import LayoutOptions
+from app.documents.layouts import LayoutService
+from app.documents.parsing import Pipeline, parse_page
 from app.documents.raster import Source
 from app.documents.workers import Preprocessor
 from app.errors import BackendUnavailable, GatewayError, Overloaded
@@ -45,6 +48,8 @@ class PageWork:
     preprocessor: Preprocessor
     events: JobEvents
     meter: Meter | None = None  # usage per key (None: OCRVL_USAGE=off)
+    layouts: LayoutService | None = None  # the layout service (None: OCRVL_LAYOUT_URL unset)
+    blocks: asyncio.Semaphore | None = None  # the job's blocks in flight (with a layout)
 
 
 async def run_pages(work: PageWork, concurrency: int) -> None:
@@ -114,12 +119,20 @@ async def _page(work: PageWork, index: int) -> None:
     )
     kept = await work.store.add_page(job.id, record)
     if kept and not failed and work.meter is not None:  # once, even for a page read twice
-        work.meter.job_page(job.owner, work.ocr.model, usage)
+        reserved = bool(job.spec.get("reserved"))  # in the store since its submission
+        work.meter.job_page(job.owner, work.ocr.model, usage, reserved=reserved)
 
 
 async def _read(work: PageWork, index: int, context: RequestContext) -> PageResult:
-    """The page's answer, or its error (transient ones raised, to be tried again)."""
+    """The page's answer, or its error (transient ones raised, to be tried again: with a
+    layout, the whole page again, its layout service's 503 included)."""
     number = index + 1
+    if work.ocr.layout is not None and work.layouts is not None:
+        blocks = work.blocks or asyncio.Semaphore(1)
+        pipeline = Pipeline(
+            work.preprocessor, work.relay, work.layouts, blocks, transient=TRANSIENT
+        )
+        return await parse_page(work.ocr, index, pipeline, context, _never)
     try:
         rendered = await work.preprocessor.render(work.ocr.source, index)
         response = await work.relay.complete(
@@ -143,6 +156,9 @@ def ocr_job(job: Job, path: str) -> OcrJob:
         path, FileKind(spec["kind"], spec["mime"]), spec["dpi"], spec["min_pixels"],
         spec["max_pixels"], spec["max_page_pixels"],
     )  # fmt: skip
+    layout = spec.get("layout")
     return OcrJob(
-        source, list(spec["pages"]), spec["task"], spec["served_model"], spec["max_tokens"]
-    )
+        source, list(spec["pages"]), spec["task"], spec["served_model"], spec["max_tokens"],
+        layout=LayoutOptions.from_dict(layout) if layout else None,
+        model_len=spec.get("model_len"),
+    )  # fmt: skip

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from app.documents.layouts import LayoutService
 from app.documents.workers import Preprocessor
 from app.jobs.events import JobEvents
 from app.jobs.pages import PageWork, ocr_job, run_pages
@@ -57,8 +58,10 @@ class Runner:
         events: JobEvents,
         webhooks: Webhooks,
         meter: Meter | None = None,
+        layouts: LayoutService | None = None,
     ) -> None:
         self.store = store
+        self.layouts = layouts
         self.meter = meter
         self.events = events
         self.webhooks = webhooks
@@ -145,7 +148,8 @@ class Runner:
                 return
             work = PageWork(
                 job, ocr_job(job, str(path)), self.store, self._relay, self._preprocessor,
-                self.events, self.meter,
+                self.events, self.meter, self.layouts,
+                asyncio.Semaphore(self._settings.ocr_block_concurrency),
             )  # fmt: skip
             await run_pages(work, self._settings.job_page_concurrency)
             await self._conclude(job)
@@ -178,12 +182,20 @@ class Runner:
             return  # cancelled meanwhile, or another gateway finished it
         await self.store.drop_document(job.id)
         ended = await self.store.get(job.id) or job
+        await self.release(ended)
         self.events.event(ended, "ended", status, pages_failed=ended.pages_failed)
         url = job.spec.get("callback_url")
         if url:
             delivery = asyncio.create_task(self.webhooks.deliver(url, ended.id, job_object(ended)))
             self._deliveries.add(delivery)
             delivery.add_done_callback(self._deliveries.discard)
+
+    async def release(self, job: Job) -> None:
+        """Give back the job's reserved pages that got no answer (call once, by whoever moved it
+        to its end: no page is kept after that, so its counts are final)."""
+        if self.meter is not None:
+            answered = job.pages_done - job.pages_failed
+            await self.meter.release(job.owner, reservation_of(job), answered)
 
     async def sweep(self, now: float) -> None:
         """Ended jobs past their TTL lose their results and show `expired`; expired ones go."""
@@ -209,6 +221,7 @@ async def open_jobs(
     documents: Preprocessor,
     stack: AsyncExitStack,
     meter: Meter | None = None,
+    layouts: LayoutService | None = None,
 ) -> Runner:
     """The job store (SQLite or Redis) opened and the runner started, both closed by `stack`."""
     store = open_store(settings)
@@ -220,12 +233,19 @@ async def open_jobs(
     stack.callback(events.close)
     runner = Runner(
         store, relay=relay, preprocessor=documents, settings=settings, events=events,
-        webhooks=webhooks, meter=meter,
+        webhooks=webhooks, meter=meter, layouts=layouts,
     )  # fmt: skip
     await runner.start()
     stack.push_async_callback(runner.close)
     log.info("jobs are kept in %s; this gateway runs them as %s", store.where, runner.holder)
     return runner
+
+
+def reservation_of(job: Job) -> dict[str, Any] | None:
+    """The pages reserved for the job under its key's budgets: a job's at its submission (in
+    its spec), a batch's at its validation (in `extra`); None when none were."""
+    reserved = job.spec.get("reserved") or job.extra.get("reserved")
+    return reserved if isinstance(reserved, dict) else None
 
 
 def _error(message: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ def job_object(job: Job) -> dict[str, Any]:
         "status": job.status,
         "model": job.spec.get("served_model"),
         "task": job.spec.get("task"),
+        "layout": "on" if job.spec.get("layout") else "off",
         "pages_total": job.pages_total,
         "pages_done": job.pages_done,
         "pages_failed": job.pages_failed,
@@ -62,6 +63,10 @@ def page_results(bodies: list[bytes]) -> list[PageResult]:
                 shown.get("usage"),
                 shown.get("html"),
                 error=KeptError(error) if isinstance(error, dict) else None,
+                image=shown.get("image"),
+                markdown=shown.get("markdown"),
+                blocks=shown.get("blocks"),
+                images=shown.get("images"),
             )
         )
     return pages

@@ -3,8 +3,9 @@
 Signed the Standard Webhooks way (standardwebhooks.com): headers `webhook-id`,
 `webhook-timestamp` and `webhook-signature: v1,<base64 HMAC-SHA256(secret, "id.timestamp.body")>`,
 the secret from OCRVL_WEBHOOK_SECRET (`whsec_` + base64, as the spec's libraries take it). The
-URL passes the remote images' address rules (app/media.py): loopback, private, link-local,
-metadata and other non-public addresses are refused unless the host is in
+URL passes the remote images' address rules (app/addresses.py: IANA's special-purpose address
+registries written out, the same on every Python): loopback, private, link-local, metadata,
+CGNAT, documentation and other special-purpose addresses are refused unless the host is in
 OCRVL_WEBHOOK_ALLOWED_HOSTS; the name is resolved once per attempt and the connection pinned
 to the address checked, so DNS cannot rebind between check and connect.
 """
@@ -24,8 +25,9 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
+from app.addresses import Address, refusal
 from app.errors import InvalidRequest
-from app.media import Address, Resolver, refusal, system_resolver
+from app.media import Resolver, system_resolver
 from app.settings import Settings
 
 log = logging.getLogger("ocrvl.jobs")

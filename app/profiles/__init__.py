@@ -3,6 +3,7 @@
 shapes      model dimensions from a config.json
 gpus        the GPU catalogue (one card class per profile)
 memory      the memory model: budget, KV cache, concurrent pages; derives profile numbers
+layout      the layout service's share of the GPU it shares with vLLM
 engines     N engines on one GPU under MPS: each one's share, fixed KV cache, what is left
 images      which vLLM image and version runs each profile (compose/gpu-profiles.yml)
 flagsets    `vllm serve` flag sets: extracted from vLLM's parser, stored, checked offline

@@ -1,19 +1,23 @@
-"""Several engines on one GPU under NVIDIA MPS: each engine's share, its KV cache, what is left.
+"""Several engines on one GPU under NVIDIA MPS: each engine's KV cache, share and what is left.
 
-Every engine is a whole vLLM (its own weights, activation peak, CUDA graphs and KV cache); MPS
-lets their kernels run side by side on the GPU's SMs through one MPS server. The plan gives
-each of N engines the same share and keeps outside all of their budgets one reserve per engine
-(its CUDA context and allocations after the KV cache, as for one engine) and the MPS server:
+Every engine is a whole vLLM (its own weights, activations, CUDA graphs and KV cache); MPS lets
+their kernels run side by side on the GPU's SMs through one MPS server. Each engine's KV cache
+is fixed (`kv-cache-memory-bytes`), so the engines can start together (each vLLM otherwise sizes
+its cache from the memory it finds free, which another engine's start changes) and an engine
+under the Kubernetes device plugin's MPS, which caps each client at 1/N of the card, gets the
+same cache whichever total CUDA reports. With a fixed KV cache vLLM skips its memory profiling,
+so nothing in vLLM keeps the rest of the engine inside a budget: the plan counts it as measured.
 
-    share = min(0.95 / N, (total - N x reserve - MPS server) / N / total), floored to 0.01
-    engine = `memory.plan` at that share, max-num-seqs refitted to the pages its KV cache holds
-    left  = total - N x ceil(share x total)   (contexts, MPS server, allocations after the KV)
+    usable  = CUDA's total - MPS server - the layout service's share (`layout.py`)
+    KV      = usable / N - the measured overhead of one engine - the margin, down to the MiB
+    share   = (KV + overhead + margin) / CUDA's total, down to 0.01 (vLLM checks at start that
+              this much is free; it does not size anything from it)
+    left    = usable - N x (KV + overhead): the margins, free on the GPU at load
 
-The KV cache of each engine is also fixed (`kv-cache-memory-bytes`) to what the plan gives it,
-so the engines can start together (each vLLM otherwise sizes its cache from the memory it finds
-free, which another engine's start changes), and an engine under the Kubernetes device plugin's
-MPS, which caps each client at 1/N of the card, gets the same cache whichever total CUDA reports.
-N = 1 is the profile itself.
+The overhead is what one engine held beyond its KV cache at load on the H200 of the ninth pass
+(`ENGINE_OVERHEAD_BYTES`, below); the share of other cards is that figure too (modelled: only the
+H200 was measured). N = 1 is the profile itself (`memory.derive`), where vLLM's own profiling
+sizes the KV cache inside its budget.
 """
 
 from __future__ import annotations
@@ -22,24 +26,58 @@ import math
 from dataclasses import dataclass, replace
 
 from app.profiles.gpus import Card
+from app.profiles.layout import layout_bytes
 from app.profiles.memory import (
-    GEFORCE_RESERVE_BYTES,
+    MAX_NUM_SEQS_CAP,
     RECIPE_MAX_NUM_BATCHED_TOKENS,
-    RESERVE_BYTES,
     UTILIZATION_CAP,
     EngineLimits,
     MemoryPlan,
     MiB,
+    cuda_total,
     derive,
     plan,
-    utilization_for,
 )
 from app.profiles.shapes import GiB, ModelShape
 
-MPS_SERVER_BYTES = GiB // 2
-"""nvidia-cuda-mps-server's own context on the GPU (modelled, as one engine's CUDA context)."""
+MEASURED_KV_BYTES = 65_810_726_912
+"""The KV cache each of the ninth pass's two engines was given (`--kv-cache-memory-bytes`;
+"reserved 61.29 GiB memory for KV Cache" in vllm-8118.log and vllm-8119.log)."""
+MEASURED_ENGINE_BYTES = round(69.61 * GiB)
+"""The larger of the two engines at load (c=512, window 5 then 6): "Process 6238 has 69.61 GiB
+memory in use" (the other 68.42 GiB), in the layout service's OOM report, layout-8300.cut.log."""
+ENGINE_OVERHEAD_BYTES = MEASURED_ENGINE_BYTES - MEASURED_KV_BYTES
+"""One engine beyond its KV cache under MPS at load: 8.32 GiB (the other engine 7.13). Its parts,
+from bench/results/gpu-h200-2026-12-02-pass9-raw/pass-raw.tar.gz (vLLM 0.32.0, torch 2.13, the
+plugin on, max-num-seqs 256, max-num-batched-tokens 16,384):
+
+    weights                       1.82 GiB  "Model loading took 1.82 GiB" (every engine's log)
+    CUDA graphs                   0.27 GiB  "Graph capturing finished ..., took 0.27 GiB" with the
+                                            engine starting alone (serve-stock, serve-plugin);
+                                            the default's two starting together logged -2.15 and
+                                            0.47 GiB, each counting the other's allocations
+    the rest after start          0.9-1.3 GiB  CUDA context under MPS, what the start's warm-up
+                                            left in torch's caching allocator, non-torch memory;
+                                            from 05-default-c512.gpu.csv: 133,379 MiB in use
+                                            with both engines idle beside the layout service
+                                            (0.9-1.62 GiB) and the MPS server (66 MiB)
+    growth under load             4.4-4.7 GiB  activations of 256 pages at a time kept by
+                                            torch's caching allocator, and its slack: 142,637 MiB
+                                            in use at the end of window 5, 68.42 + 69.61 GiB at the
+                                            OOM report
+
+vLLM logged no activation peak or non-torch figure: with kv-cache-memory-bytes it "skipped memory
+profiling". Without MPS the same engine grew less under the same load (two engines of 16 GiB KV:
+3.3 GiB each idle, +0.8 and +1.4 GiB in windows 1 and 2, 01-stock-c256.gpu.csv and
+02-plugin-c256.gpu.csv); the plan takes the MPS figure, the layout it is for."""
+ENGINE_MARGIN_BYTES = 1 * GiB
+"""Kept free per engine beyond the measured overhead: the two alike engines differed by 1.19 GiB,
+and a longer run or other pages may grow the allocator's cache further."""
+MPS_SERVER_BYTES = 128 * MiB
+"""nvidia-cuda-mps-server on the GPU: 66 MiB measured (process 5228 in the same OOM report, the
+only other CUDA process), doubled."""
 MPS_ENGINES = 2
-"""The layout compose and Kubernetes ship: two engines per GPU (measured on an H200)."""
+"""Two engines per GPU under MPS: what a class whose header says 2 runs (measured on an H200)."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +88,10 @@ class EnginesPlan:
     total_bytes: int
     limits: EngineLimits
     engine: MemoryPlan
-    reserve_bytes: int
+    overhead_bytes: int
+    margin_bytes: int
     mps_bytes: int
+    layout_bytes: int
     left_bytes: int
     errors: tuple[str, ...]
     warnings: tuple[str, ...]
@@ -67,15 +107,10 @@ class EnginesPlan:
             flags["kv-cache-memory-bytes"] = self.limits.kv_cache_memory_bytes
         return flags
 
-
-def share_for(total_bytes: int, engines: int, geforce: bool = False) -> float:
-    """Each engine's gpu-memory-utilization: the card less the reserves, split evenly."""
-    if engines == 1:
-        return utilization_for(total_bytes, geforce)
-    reserve = GEFORCE_RESERVE_BYTES if geforce else RESERVE_BYTES
-    free = total_bytes - engines * reserve - MPS_SERVER_BYTES
-    share = math.floor(free / engines / total_bytes * 100) / 100
-    return max(0.0, min(math.floor(UTILIZATION_CAP / engines * 100) / 100, share))
+    @property
+    def footprint_bytes(self) -> int:
+        """One engine at load as measured: its KV cache and the measured overhead."""
+        return self.engine.kv_bytes + self.overhead_bytes
 
 
 def plan_engines(
@@ -91,32 +126,51 @@ def plan_engines(
     """Plan `engines` engines on one card of `total_bytes` (1: the profile's own numbers)."""
     if engines < 1:
         raise ValueError(f"engines per GPU must be 1 or more; got {engines}")
-    share = share_for(total_bytes, engines, geforce)
     limits = derive(
         total_bytes,
         shape,
         geforce=geforce,
-        utilization=share or 0.01,
         max_model_len=max_model_len,
         max_num_batched_tokens=max_num_batched_tokens or RECIPE_MAX_NUM_BATCHED_TOKENS,
     )
     limits = replace(limits, dtype_bytes=dtype_bytes)
+    layout = layout_bytes()
+    if engines == 1:
+        engine = plan(shape, limits, total_bytes)
+        left = cuda_total(total_bytes) - engine.budget_bytes - layout
+        return EnginesPlan(
+            1, total_bytes, limits, engine, 0, 0, 0, layout, left, engine.errors, engine.warnings
+        )
+    total = cuda_total(total_bytes)
+    usable = total - MPS_SERVER_BYTES - layout
+    each = usable // engines
+    kv = (each - ENGINE_OVERHEAD_BYTES - ENGINE_MARGIN_BYTES) // MiB * MiB
+    share = min(math.floor(UTILIZATION_CAP / engines * 100), math.floor(each / total * 100)) / 100
+    limits = replace(limits, gpu_memory_utilization=share, kv_cache_memory_bytes=kv)
+    engine = plan(shape, limits, total_bytes)
+    seqs = max(8, min(MAX_NUM_SEQS_CAP, engine.concurrent_pages) // 8 * 8)
+    limits = replace(limits, max_num_seqs=seqs)
     engine = plan(shape, limits, total_bytes)
     errors = list(engine.errors)
-    if share <= 0:
-        errors.insert(0, f"cannot start: {engines} engines leave no share of the card")
-    if engines > 1 and engine.kv_bytes > 0:
-        limits = replace(limits, kv_cache_memory_bytes=engine.kv_bytes // MiB * MiB)
-    reserve = GEFORCE_RESERVE_BYTES if geforce else RESERVE_BYTES
-    mps = MPS_SERVER_BYTES if engines > 1 else 0
-    left = total_bytes - engines * engine.budget_bytes
+    if kv <= 0:
+        errors.insert(
+            0,
+            f"cannot start: {engines} engines leave no KV cache: each has {each / GiB:.2f} GiB "
+            f"beside the MPS server and the layout service, and needs "
+            f"{(ENGINE_OVERHEAD_BYTES + ENGINE_MARGIN_BYTES) / GiB:.2f} GiB before its KV cache "
+            "(measured overhead and margin, app/profiles/engines.py)",
+        )
+        limits = replace(limits, kv_cache_memory_bytes=None)
+    left = usable - engines * (max(kv, 0) + ENGINE_OVERHEAD_BYTES)
     return EnginesPlan(
         engines=engines,
         total_bytes=total_bytes,
         limits=limits,
         engine=engine,
-        reserve_bytes=engines * reserve,
-        mps_bytes=mps,
+        overhead_bytes=ENGINE_OVERHEAD_BYTES,
+        margin_bytes=ENGINE_MARGIN_BYTES,
+        mps_bytes=MPS_SERVER_BYTES,
+        layout_bytes=layout,
         left_bytes=left,
         errors=tuple(errors),
         warnings=engine.warnings,

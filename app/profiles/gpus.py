@@ -12,9 +12,10 @@ MiB = 1024**2
 class Card:
     """A GPU class a profile is sized for; `memory_mib` is nvidia-smi's `memory.total`.
 
-    `engines_per_gpu` is how many engines the class should run (two under MPS where one engine
-    leaves the GPU idle); `engines_measured` says whether that was measured on such a card or
-    is modelled (the profile's header gives the grounds either way).
+    `engines_per_gpu` is how many engines the class runs by default (`make serve`, compose, the
+    Kubernetes pools): two under MPS only where that was measured faster on such a card, one
+    elsewhere; `engines_measured` says whether the number was measured or is modelled. The
+    profile's header says the same and gives the grounds (tests/profiles/test_engines.py).
     """
 
     profile: str
@@ -55,7 +56,7 @@ CARDS: tuple[Card, ...] = (
     Card("l4-24gb", "NVIDIA L4", r"\bL4\b", 23034, 8.9),
     Card("a100-40gb", "NVIDIA A100 40GB", r"\bA100\b", 40960, 8.0),
     Card("a100-80gb", "NVIDIA A100 80GB", r"\bA100\b", 81920, 8.0),
-    Card("h100-80gb", "NVIDIA H100 80GB", r"\bH100\b", 81559, 9.0, engines_per_gpu=2),
+    Card("h100-80gb", "NVIDIA H100 80GB", r"\bH100\b", 81559, 9.0),
     Card(
         "h200-141gb",
         "NVIDIA H200",

@@ -6,6 +6,12 @@ It follows vLLM's own accounting (`gpu_worker.determine_available_memory`, `kv_c
     KV cache = budget - weights - activation peak - encoder cache - runtime - CUDA graphs
     blocks   = KV cache // (block-size x KV bytes per token); tokens as vLLM logs them
 
+The total is CUDA's, not nvidia-smi's: vLLM multiplies the utilization by what
+`cudaMemGetInfo` reports, which is nvidia-smi's `memory.total` less what the driver keeps
+(`DRIVER_RESERVED_BYTES`, measured on an H200). On a GPU the budget also leaves room for the
+layout service beside vLLM (`layout.py`): its CUDA context, weights and largest batch stay
+outside every profile's share of the card.
+
 The activation peak is the larger of vLLM's two profiling passes: the vision encoder over one
 encoder budget of images (max(max-num-batched-tokens, one image) visual tokens) and the language
 model over max-num-batched-tokens tokens plus the sampler over max-num-seqs rows. Every number
@@ -20,9 +26,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.profiles.gpus import Card
+from app.profiles.layout import layout_bytes
 from app.profiles.shapes import GiB, ModelShape
 
 MiB = 1024**2
+
+DRIVER_RESERVED_BYTES = 143_771 * MiB - 150_109_880_320
+"""nvidia-smi's memory.total less the total CUDA reports (615 MiB), measured on the H200 of the
+ninth pass: 143,771 MiB against torch's "total capacity of 139.80 GiB" (150,109,880,320 B in
+the caching allocator's OOM line) in layout-8300.cut.log of
+bench/results/gpu-h200-2026-12-02-pass9-raw/pass-raw.tar.gz. Assumed the same on every card."""
 
 CONTEXT_BYTES = GiB // 2
 """CUDA context and loaded kernels: used before vLLM measures free memory, outside the budget."""
@@ -114,6 +127,7 @@ class MemoryPlan:
     runtime_bytes: int
     graph_bytes: int
     profiled_images: int
+    layout_bytes: int
     kv_bytes: int
     kv_bytes_per_token: int
     kv_blocks: int
@@ -158,9 +172,15 @@ def activation_bytes(shape: ModelShape, limits: EngineLimits) -> int:
     return int(max(vision, language + sampler))
 
 
-def _budget(limits: EngineLimits, total: int | None) -> tuple[int, list[str]]:
-    if limits.kv_cache_memory_bytes is not None or total is None:
+def cuda_total(total_bytes: int) -> int:
+    """The total CUDA (and so vLLM's gpu-memory-utilization) sees on a card of nvidia-smi's size."""
+    return total_bytes - DRIVER_RESERVED_BYTES
+
+
+def _budget(limits: EngineLimits, card_total: int | None) -> tuple[int, list[str]]:
+    if limits.kv_cache_memory_bytes is not None or card_total is None:
         return 0, []
+    total = cuda_total(card_total)
     utilization = limits.gpu_memory_utilization or 0.92
     budget = math.ceil(total * utilization)
     if budget > total - CONTEXT_BYTES:
@@ -168,6 +188,14 @@ def _budget(limits: EngineLimits, total: int | None) -> tuple[int, list[str]]:
             f"cannot start: gpu-memory-utilization {utilization} asks for {budget / GiB:.2f} GiB "
             f"but only about {(total - CONTEXT_BYTES) / GiB:.2f} GiB is free once the CUDA "
             "context is up; lower it"
+        ]
+    layout = layout_bytes()
+    if budget > total - CONTEXT_BYTES - layout:
+        return budget, [
+            f"no room for the layout service: gpu-memory-utilization {utilization} leaves "
+            f"{(total - CONTEXT_BYTES - budget) / GiB:.2f} GiB beside vLLM's CUDA context, and "
+            f"the layout service on the same GPU needs {layout / GiB:.2f} GiB "
+            "(app/profiles/layout.py); lower it"
         ]
     return budget, []
 
@@ -228,6 +256,7 @@ def plan(shape: ModelShape, limits: EngineLimits, total_bytes: int | None = None
         encoder_cache_bytes=cache,
         runtime_bytes=runtime,
         graph_bytes=graphs,
+        layout_bytes=0 if explicit is not None or total_bytes is None else layout_bytes(),
         profiled_images=images,
         kv_bytes=kv,
         kv_bytes_per_token=per_token,
@@ -241,9 +270,11 @@ def plan(shape: ModelShape, limits: EngineLimits, total_bytes: int | None = None
 
 
 def utilization_for(total_bytes: int, geforce: bool = False) -> float:
-    """The largest utilization that leaves the reserve outside vLLM's budget, capped at 0.95."""
-    reserve = GEFORCE_RESERVE_BYTES if geforce else RESERVE_BYTES
-    return min(UTILIZATION_CAP, math.floor((total_bytes - reserve) / total_bytes * 100) / 100)
+    """The largest utilization that leaves the reserve and the layout service's share outside
+    vLLM's budget, capped at 0.95."""
+    reserve = (GEFORCE_RESERVE_BYTES if geforce else RESERVE_BYTES) + layout_bytes()
+    total = cuda_total(total_bytes)
+    return min(UTILIZATION_CAP, math.floor((total - reserve) / total * 100) / 100)
 
 
 def max_model_len_for(shape: ModelShape) -> int:

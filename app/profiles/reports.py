@@ -9,6 +9,7 @@ from app.profiles.memory import (
     RECIPE_MAX_NUM_BATCHED_TOKENS,
     TYPICAL_OUTPUT_TOKENS,
     MemoryPlan,
+    cuda_total,
 )
 from app.profiles.shapes import GiB, ModelShape
 
@@ -33,6 +34,8 @@ def describe(result: MemoryPlan, shape: ModelShape) -> str:
             f"  encoder cache         {_gib(result.encoder_cache_bytes)}",
             f"  runtime (non-torch)   {_gib(result.runtime_bytes)}",
             f"  CUDA graphs           {_gib(result.graph_bytes)}",
+            f"layout service          {_gib(result.layout_bytes)}  (outside the budget, on the "
+            "same GPU: app/profiles/layout.py)",
         ]
     lines += [
         f"KV cache                {_gib(result.kv_bytes)}  = {result.kv_tokens:,} tokens "
@@ -67,8 +70,10 @@ def yaml_block(result: MemoryPlan, shape: ModelShape) -> str:
         )
     return "\n".join(
         [
-            f"# The largest share of {total / GiB:.2f} GiB that leaves the reserve outside vLLM's "
-            f"budget ({result.budget_bytes / GiB:.2f} GiB):",
+            f"# The largest share of {cuda_total(total) / GiB:.2f} GiB (CUDA's total) that leaves "
+            "the reserve and the",
+            f"# layout service's {result.layout_bytes / GiB:.2f} GiB outside vLLM's budget "
+            f"({result.budget_bytes / GiB:.2f} GiB):",
             f"#   weights {result.weights_bytes / GiB:.2f}, activation peak "
             f"{result.activation_bytes / GiB:.2f}, encoder cache "
             f"{result.encoder_cache_bytes / GiB:.2f}, runtime {result.runtime_bytes / GiB:.2f}, "
@@ -95,12 +100,18 @@ def yaml_block(result: MemoryPlan, shape: ModelShape) -> str:
 def describe_engines(result: EnginesPlan, shape: ModelShape) -> str:
     """`ocrvl profile plan --engines-per-gpu N`: the card split N ways, then one engine."""
     share = result.limits.gpu_memory_utilization
+    total = result.total_bytes
     lines = [
+        f"GPU memory              {_gib(total)}  (CUDA sees {_gib(cuda_total(total)).strip()})",
         f"engines per GPU         {result.engines} (under MPS): each gpu-memory-utilization "
-        f"{share}, {_gib(result.engine.budget_bytes).strip()}",
-        f"outside the budgets     {_gib(result.left_bytes)}  ({result.engines} x "
-        f"{result.reserve_bytes // result.engines / GiB:.2f} GiB reserve: CUDA context and "
-        f"allocations after the KV cache; MPS server {result.mps_bytes / GiB:.2f} GiB)",
+        f"{share} (checked free at start)",
+        f"each engine at load     {_gib(result.footprint_bytes)}  = KV cache "
+        f"{result.engine.kv_bytes / GiB:.2f} + measured overhead {result.overhead_bytes / GiB:.2f}"
+        " GiB (weights, CUDA graphs, context, activations: app/profiles/engines.py)",
+        f"MPS server              {_gib(result.mps_bytes)}",
+        f"layout service          {_gib(result.layout_bytes)}  (app/profiles/layout.py)",
+        f"left free at load       {_gib(result.left_bytes)}  ({result.engines} x "
+        f"{result.margin_bytes / GiB:.2f} GiB margin, and rounding)",
         f"KV cache, all engines   {_gib(result.engines * result.engine.kv_bytes)}  = "
         f"{result.engines * result.engine.concurrent_pages:,} pages",
         "",
@@ -124,8 +135,9 @@ def engines_block(result: EnginesPlan) -> str:
             f"# Each of {result.engines} engines under MPS on {total:.2f} GiB: "
             f"KV cache {result.engine.kv_bytes / GiB:.2f} GiB = {result.engine.kv_tokens:,} "
             f"tokens = {result.engine.concurrent_pages:,} pages;",
-            f"# {result.left_bytes / GiB:.2f} GiB stay outside the budgets (CUDA contexts, "
-            "MPS server, allocations after the KV cache).",
+            f"# {result.overhead_bytes / GiB:.2f} GiB beside it as measured at load, "
+            f"{result.left_bytes / GiB:.2f} GiB left free (margins) beside the MPS server and "
+            f"the layout service's {result.layout_bytes / GiB:.2f} GiB.",
             *(f"{key}: {value}" for key, value in result.flags.items()),
         ]
     )
@@ -135,10 +147,11 @@ def engines_env(result: EnginesPlan, profile: str) -> str:
     """compose/mps/<profile>.env: each engine's flags, as the MPS layout's engines read them."""
     command = f"ocrvl profile plan --profile {profile} --engines-per-gpu {result.engines} --env"
     lines = [
-        f"# {profile}: {result.engines} engines per GPU under MPS (compose/mps.yml); each passes",
-        "# these after --config. Written by",
+        f"# {profile}: {result.engines} engines per GPU under MPS (compose/layouts/"
+        "gpus-*-engines-2.yml);",
+        "# each passes these after --config. Written by",
         f"#   {command}",
-        "# tests/deploy/test_compose.py keeps the file equal to the memory model.",
+        "# tests/deploy/test_compose_layouts.py keeps the file equal to the memory model.",
         *(f"ENGINE_{key.upper().replace('-', '_')}={value}" for key, value in result.flags.items()),
     ]
     return "".join(f"{line}\n" for line in lines)

@@ -57,7 +57,7 @@ async def _body(request: Request) -> dict[str, Any]:
 def _checked(body: dict[str, Any]) -> tuple[str, str, str, dict[str, str] | None]:
     """(input_file_id, endpoint, completion_window, metadata), or 400 naming the field."""
     endpoint = body.get("endpoint")
-    if endpoint not in ENDPOINTS:
+    if not isinstance(endpoint, str) or endpoint not in ENDPOINTS:
         more = f"; {NO_OCR}" if endpoint == "/v1/ocr" else ""
         raise InvalidRequest(
             f"`endpoint` must be one of {', '.join(ENDPOINTS)}; got {quoted(endpoint)}{more}",
@@ -65,13 +65,19 @@ def _checked(body: dict[str, Any]) -> tuple[str, str, str, dict[str, str] | None
             code="invalid_endpoint",
         )
     window = body.get("completion_window")
-    if window not in WINDOWS:
+    if not isinstance(window, str) or window not in WINDOWS:  # a list or object is no key
         raise InvalidRequest(
-            f"`completion_window` must be '24h'; got {quoted(window)}", param="completion_window"
+            f"`completion_window` must be '24h'; got {quoted(window)}",
+            param="completion_window",
+            code="invalid_value",
         )
     file_id = body.get("input_file_id")
     if not isinstance(file_id, str) or not file_id:
-        raise InvalidRequest("`input_file_id` is required: a file's id", param="input_file_id")
+        raise InvalidRequest(
+            "`input_file_id` is required: a file's id",
+            param="input_file_id",
+            code="missing_required_parameter",
+        )
     metadata = body.get("metadata")
     if metadata is not None and not (
         isinstance(metadata, dict)

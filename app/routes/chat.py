@@ -43,6 +43,7 @@ async def chat_completions(request: Request) -> Response:
     if gateway.usage is not None:  # the key's page budget; what it used is counted at the end
         await gateway.usage.admit(context, pages_of(parsed))
     parsed = await gateway.media.inline_chat(parsed)  # vLLM never fetches a URL (docs/ocr.md)
+    gateway.images.check(parsed)  # what the model cannot take: 400 here, from image headers
     parsed, context.images_resized = await gateway.images.fit(parsed)  # OCRVL_RESIZE_IMAGES
     return await gateway.relay.complete(parsed, context.served_model, context, request.receive)
 

@@ -21,14 +21,15 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app import catalog
+from app import catalog, policy
 from app.auth import KeyName
-from app.documents import output, upload
+from app.documents import layouts, output, upload
 from app.documents.errors import DocumentError
 from app.documents.raster import Source
 from app.errors import InvalidRequest, NotFound, Overloaded, PayloadTooLarge, RateLimited
 from app.jobs.view import job_object, page_results
 from app.quotas import Admitted
+from app.routes.files import after_of, limit_of, listed
 from app.state import Context, Gateway, GatewayDep
 from app.store import ACTIVE, Job, new_job_id
 from app.store.base import CANCELLED, EXPIRED, ID_PREFIX, QUEUED
@@ -77,11 +78,13 @@ async def submit(
             data = await gateway.media.fetch(received.url, "file")
         context.model = options.model
         context.served_model = _served_model(gateway, options.model)
+        entry = gateway.pool.served_models().get(context.served_model)  # as /v1/ocr checks it
+        policy.check({"max_tokens": options.max_tokens}, settings, policy.model_length(entry))
         spooled = await asyncio.to_thread(upload.spool, received, data, tempfile.gettempdir())
         path = spooled[0]
         cleanup.push_async_callback(asyncio.to_thread, upload.remove, path)  # unless stored
         job = await _checked_job(gateway, key, options, spooled, context.served_model)
-        await store.create(job, Path(path))
+        await _stored(gateway, job, Path(path))
     gateway.jobs.events.event(job, "created", QUEUED, document_bytes=job.document_bytes)
     location = f"/v1/ocr/jobs/{job.id}"
     return _json(job_object(job), 202, {"location": location})
@@ -90,8 +93,12 @@ async def submit(
 async def _checked_job(
     gateway: Gateway, key: str, options: upload.OcrOptions, spooled: tuple[str, bytes], model: str
 ) -> Job:
-    """The job for the spooled file, once its size, kind, pages and pixels pass."""
+    """The job for the spooled file, once its size, kind, pages and pixels pass. With
+    `layout` auto or on and a layout service configured, its pages are read block by block;
+    they wait for the service as they wait for backends (docs/ocr.md)."""
     settings = gateway.settings
+    mode, wanted = options.layout, options.layout_options
+    layout, _ = layouts.choose(gateway.layouts, mode, wanted, waits=True)
     path, head = spooled
     size = await asyncio.to_thread(os.path.getsize, path)
     if size > settings.job_max_file_bytes:
@@ -120,16 +127,30 @@ async def _checked_job(
             f"after {FULL_RETRY_AFTER} s, once running jobs have finished their documents",
             retry_after=FULL_RETRY_AFTER,
         )
-    if gateway.usage is not None:  # the whole document against the key's page budgets
-        await gateway.usage.check(key, len(pages))
     spec = {
         "pages": pages, "task": options.task, "dpi": options.dpi,
         "max_tokens": options.max_tokens, "model": options.model, "served_model": model,
         "kind": source.kind.name, "mime": source.kind.mime, "min_pixels": source.min_pixels,
         "max_pixels": source.max_pixels, "max_page_pixels": source.max_page_pixels,
         "callback_url": options.callback_url,
+        "layout": layout.as_dict() if layout is not None else None,
+        "model_len": policy.model_length(gateway.pool.served_models().get(model)),
     }  # fmt: skip
     return Job(new_job_id(), key, spec, len(pages), size, time.time())
+
+
+async def _stored(gateway: Gateway, job: Job, document: Path) -> None:
+    """Reserve the job's pages under the key's page budgets (429 when they do not fit), then
+    keep it; the runner gives back what is not answered when the job ends (docs/limits.md)."""
+    meter = gateway.usage
+    reservation = None if meter is None else await meter.reserve(job.owner, job.pages_total)
+    job.spec["reserved"] = reservation
+    try:
+        await gateway.store.create(job, document)
+    except BaseException:
+        if meter is not None:
+            await meter.release(job.owner, reservation, 0)
+        raise
 
 
 def _served_model(gateway: Gateway, requested: str | None) -> str:
@@ -180,7 +201,7 @@ async def status(request: Request, job_id: str, key: KeyName, gateway: GatewayDe
 async def result(request: Request, job_id: str, key: KeyName, gateway: GatewayDep) -> Response:
     """The pages kept so far, in /v1/ocr's forms (JSON, NDJSON, markdown by `Accept`)."""
     job = await _owned(gateway, key, job_id)
-    if job.status in (CANCELLED, EXPIRED):
+    if job.status == EXPIRED:
         raise NotFound(
             f"job {job_id} is {job.status}: its results were removed",
             param="id",
@@ -189,16 +210,19 @@ async def result(request: Request, job_id: str, key: KeyName, gateway: GatewayDe
     pages = page_results(await gateway.store.pages(job_id))
     model = str(job.spec.get("served_model"))
     media_type = output.negotiate(request.headers.get("accept", ""), stream=False)
+    mode = output.layout_fields(bool(job.spec.get("layout")))
     headers = {**output.summary_headers(pages), "x-ocr-job-status": job.status}
+    headers |= output.layout_headers(mode)
     if media_type == output.NDJSON:
         numbers = [index + 1 for index in job.spec["pages"]]
-        stream = output.PageStream(model, numbers, _each(pages), contextlib.AsyncExitStack())
+        cleanup = contextlib.AsyncExitStack()
+        stream = output.PageStream(model, numbers, _each(pages), cleanup, mode)
         stream.headers.update(headers)
         return stream
     if media_type == output.MARKDOWN:
         body = output.markdown(pages)
         return Response(body, media_type="text/markdown; charset=utf-8", headers=headers)
-    return _json(output.document(model, pages), headers=headers)
+    return _json(output.document(model, pages, mode), headers=headers)
 
 
 async def _each(pages: list[Any]) -> Any:
@@ -208,16 +232,17 @@ async def _each(pages: list[Any]) -> Any:
 
 @router.delete("/v1/ocr/jobs/{job_id}")
 async def cancel(job_id: str, key: KeyName, gateway: GatewayDep) -> Response:
-    """Cancel a queued or running job (its pages in flight are aborted) and delete its
-    document and results; an ended job is deleted whole."""
+    """Cancel a queued or running job: its pages in flight are aborted, its document deleted,
+    the pages it finished kept until OCRVL_JOB_TTL (as OpenAI's batches keep what was done),
+    its unanswered pages given back to the key's budget. An ended job is deleted whole."""
     job = await _owned(gateway, key, job_id)
     store, now = gateway.store, time.time()
     changes = {"finished_at": now, "expires_at": now + gateway.settings.job_ttl}
     if job.status in ACTIVE and await store.transition(job_id, ACTIVE, CANCELLED, changes):
         gateway.jobs.cancel(job_id)  # here at once; another replica at its next renewal
         await store.drop_document(job_id)
-        await store.drop_pages(job_id)
-        job = await store.get(job_id) or job
+        job = await store.get(job_id) or job  # no page is kept after the transition
+        await gateway.jobs.release(job)
         gateway.jobs.events.event(job, "cancelled", CANCELLED, pages_done=job.pages_done)
     else:
         await store.delete(job_id)
@@ -228,20 +253,9 @@ async def cancel(job_id: str, key: KeyName, gateway: GatewayDep) -> Response:
 @router.get("/v1/ocr/jobs")
 async def listing(request: Request, key: KeyName, gateway: GatewayDep) -> Response:
     """The key's jobs, newest first: `limit` (1-100, default 20) after the job `after`."""
-    raw = request.query_params.get("limit") or "20"
-    if not raw.isdigit() or not LIST_LIMIT[0] <= int(raw) <= LIST_LIMIT[1]:
-        raise InvalidRequest(
-            f"`limit` must be an integer from 1 to 100; got {raw[:20]!r}", param="limit"
-        )
-    limit, after = int(raw), request.query_params.get("after") or None
+    limit = limit_of(request, 20, LIST_LIMIT)
+    # another key's job id is refused like an unknown one: it confirms nothing of that job
+    after = await after_of(request, lambda job_id: _owned(gateway, key, job_id), "jobs")
     jobs = await gateway.store.listing(key, limit + 1, after)
     shown = [job_object(job) for job in jobs[:limit]]
-    return _json(
-        {
-            "object": "list",
-            "data": shown,
-            "first_id": shown[0]["id"] if shown else None,
-            "last_id": shown[-1]["id"] if shown else None,
-            "has_more": len(jobs) > limit,
-        }
-    )
+    return _json(listed(shown, len(jobs) > limit))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -16,6 +17,7 @@ SUCCEEDED, FAILED, CANCELLED, EXPIRED = "succeeded", "failed", "cancelled", "exp
 ACTIVE = (QUEUED, RUNNING)
 ENDED = (SUCCEEDED, FAILED, CANCELLED)
 ID_PREFIX = "job_"
+PAGE_CHUNK = 200  # pages read from the store at once when they are streamed
 
 
 class StoreUnavailable(Overloaded):
@@ -166,6 +168,9 @@ class Store(Protocol):
 
     async def pages(self, job_id: str) -> list[bytes]:
         """The pages kept so far, in page order."""
+
+    def page_chunks(self, job_id: str, size: int = PAGE_CHUNK) -> AsyncIterator[list[bytes]]:
+        """The pages kept, in page order, `size` at a time (a batch's output, never whole)."""
 
     async def page_numbers(self, job_id: str) -> set[int]:
         """Numbers of the pages kept so far."""

@@ -20,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from app.quotas.link import REDIS_ERRORS, describe, redacted, store_client
-from app.store.base import ACTIVE, Job, PageRecord, StoreUnavailable, encoded
+from app.store.base import ACTIVE, PAGE_CHUNK, Job, PageRecord, StoreUnavailable, encoded
 
 log = logging.getLogger("ocrvl.store")
 S = TypeVar("S")
@@ -264,6 +264,17 @@ class RedisStore:
         """The pages kept, in order."""
         kept = await self._redis.hgetall(self._job(job_id) + ":pages")
         return [body for _, body in sorted(kept.items(), key=lambda item: int(item[0]))]
+
+    async def page_chunks(self, job_id: str, size: int = PAGE_CHUNK) -> AsyncIterator[list[bytes]]:
+        """The pages kept, in order: their numbers first (small), then HMGET `size` at a time."""
+        key = self._job(job_id) + ":pages"
+        try:
+            numbers = sorted(int(number) for number in await self._redis.hkeys(key))
+            for start in range(0, len(numbers), size):
+                bodies = await self._redis.hmget(key, numbers[start : start + size])
+                yield [body for body in bodies if body is not None]
+        except REDIS_ERRORS as exc:
+            raise StoreUnavailable(describe(exc)) from None
 
     @answering
     async def page_numbers(self, job_id: str) -> set[int]:

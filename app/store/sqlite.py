@@ -17,12 +17,12 @@ import fcntl
 import os
 import shutil
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from app.store.base import RUNNING, Job, PageRecord, encoded
+from app.store.base import PAGE_CHUNK, RUNNING, Job, PageRecord, encoded
 from app.store.database import Database
 
 T = TypeVar("T")
@@ -223,6 +223,20 @@ class SqliteStore:
         sql = self._sql("SELECT body FROM {P} WHERE job_id = ? ORDER BY number")
         rows = await self._run(lambda db: db.execute(sql, (job_id,)).fetchall())
         return [bytes(row[0]) for row in rows]
+
+    async def page_chunks(self, job_id: str, size: int = PAGE_CHUNK) -> AsyncIterator[list[bytes]]:
+        """The pages kept, in order, `size` rows a query (by number: no offset to skip over)."""
+        sql = self._sql(
+            "SELECT number, body FROM {P} WHERE job_id = ? AND number > ? ORDER BY number LIMIT ?"
+        )
+        after = 0
+        while True:
+            args = (job_id, after, size)
+            rows: list[Any] = await self._run(lambda db: db.execute(sql, args).fetchall())  # noqa: B023 (awaited at once)
+            if not rows:
+                return
+            after = int(rows[-1][0])
+            yield [bytes(row[1]) for row in rows]
 
     async def page_numbers(self, job_id: str) -> set[int]:
         """Numbers of the pages kept."""

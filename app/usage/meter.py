@@ -4,6 +4,10 @@
                             in the store at once (429 insufficient_quota when they do not fit);
                             the request's end (its context's `release`) counts what was answered
                             and gives back reserved pages that were not
+    reserve(key, pages)     a job's pages when it is submitted, a batch's lines when it is
+                            validated: the same reservation, kept with the job (`Reservation`)
+    release(...)            the job's end (done, failed, cancelled, expired): the reserved pages
+                            that got no answer are given back
     job_page(...)           a job's finished page (the job runner calls it once per page)
     run()                   the flusher: every OCRVL_USAGE_FLUSH_INTERVAL seconds, the counts
                             gathered in memory go to the store in one batch, off the hot path
@@ -33,6 +37,7 @@ from app.settings import Settings
 from app.usage.base import Budget, Counts, DayTotals, Refusal, UsageStore, resets_at, today
 
 log = logging.getLogger("ocrvl.usage")
+Reservation = dict[str, Any]  # {"day": "YYYY-MM-DD", "pages": N}: kept in the job's record
 SERIES = (
     ("ocrvl_usage_requests", "Answered requests, by key name and model (job pages: pages only)."),
     (
@@ -93,34 +98,45 @@ class Meter:
 
         context.on_release(end)
 
-    async def check(self, key: str, pages: int) -> None:
-        """429 unless `pages` more fit the key's budgets now (a job, before it is stored; its
-        pages are counted as they finish, `job_page`)."""
+    async def reserve(self, key: str, pages: int) -> Reservation | None:
+        """Reserve a job's (or a batch's) `pages` under the key's budgets at once: 429 when they
+        do not fit. None when nothing was reserved (no budget, or the store did not answer:
+        its pages are then counted as they finish)."""
         budget = self.budget_of(key)
         if not budget or not pages:
-            return
+            return None
         day = self.today()
-        try:
-            used = await self.totals(key, day[:8] + "01", day)
-        except Exception as exc:  # a store outage must not stop serving
-            log.warning("usage store %s: budget not checked (%s)", self.store.where, exc)
-            return
-        month = sum(t.counts.pages for t in used)
-        on_day = sum(t.counts.pages for t in used if t.day == day)
-        for period, limit, spent in (
-            ("day", budget.pages_per_day, on_day),
-            ("month", budget.pages_per_month, month),
-        ):
-            if limit and spent + pages > limit:
-                raise self._refused(key, day, pages, Refusal(period, limit, spent))
+        if not await self._reserve(key, day, pages, budget):
+            return None
+        return {"day": day, "pages": pages}
 
-    def job_page(self, key: str, model: str | None, usage: Mapping[str, Any] | None) -> None:
+    async def release(self, key: str, reservation: Reservation | None, answered: int) -> None:
+        """At a job's end: give back the reserved pages beyond the `answered` ones."""
+        if not reservation:
+            return
+        unused = int(reservation["pages"]) - answered
+        if unused <= 0:
+            return
+        try:
+            await self.store.unreserve(key, str(reservation["day"]), unused)
+        except Exception as exc:  # the job has ended all the same: logged
+            log.warning("usage store %s: pages not given back (%s)", self.store.where, exc)
+
+    def job_page(
+        self,
+        key: str,
+        model: str | None,
+        usage: Mapping[str, Any] | None,
+        *,
+        reserved: bool = False,
+    ) -> None:
         """Count one finished page of a job (failed pages are not counted: call only for pages
-        that got an answer), with the engine's `usage` of it."""
+        that got an answer), with the engine's `usage` of it; `reserved`: the page is in the
+        store already, in its job's reservation."""
         usage = usage or {}
         prompt = int(usage.get("prompt_tokens") or 0)
         counts = Counts(0, 1, prompt, int(usage.get("completion_tokens") or 0))
-        self._count(key, model or "unknown", self.today(), counts, counts.pages)
+        self._count(key, model or "unknown", self.today(), counts, 0 if reserved else 1)
 
     async def _reserve(self, key: str, day: str, pages: int, budget: Budget) -> bool:
         """True once reserved; a store that fails leaves the pages to the batch (served)."""

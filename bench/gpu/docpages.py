@@ -124,9 +124,11 @@ def plan(number: int = 0) -> list[dict[str, Any]]:
     with tempfile.NamedTemporaryFile(suffix=".jpg") as file:
         file.write(data)
         file.flush()
-        settings = Settings(backends=["http://127.0.0.1:1"])
-        source = raster.Source.sniffed(file.name, data[:64], 144, settings)
-        assert source.kind == sniff.JPEG  # noqa: S101
+        fields = Settings.model_fields  # the gateway's defaults (no settings are read)
+        source = raster.Source(
+            file.name, sniff.sniff(data[:64]), 144, fields["ocr_min_pixels"].default,
+            fields["max_pixels"].default, fields["max_page_pixels"].default,
+        )  # fmt: skip
         given = [Box(b["cls_id"], b["label"], b["score"], tuple(b["coordinate"]), b["order"])
                  for b in boxes(*SIZE)]  # fmt: skip
         planned = crops.prepare(source, 0, given, LayoutOptions())

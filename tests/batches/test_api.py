@@ -173,6 +173,20 @@ async def test_a_file_refused_at_validation_fails_the_batch(
     assert fake.bodies == []
 
 
+async def test_a_line_over_the_body_cap_fails_the_batch(fake: FakeVLLM, tmp_path: Path) -> None:
+    """A line over OCRVL_MAX_BODY_BYTES (chat's own cap): `failed` at validation with
+    line_too_large naming the line, and no line sent to the backend."""
+    big = request_line("big", messages=[{"role": "user", "content": "x" * 5000}])
+    data = jsonl(request_line("a"), big, request_line("c"))
+    async with gateway(fake, tmp_path / "data", max_body_bytes=4096) as client:
+        batch = await batch_of(client, data)
+        failed = await until(client, batch["id"], ENDED)
+    assert failed["status"] == "failed"
+    assert [(e["code"], e["line"]) for e in failed["errors"]["data"]] == [("line_too_large", 2)]
+    assert "OCRVL_MAX_BODY_BYTES" in failed["errors"]["data"][0]["message"]
+    assert fake.bodies == []
+
+
 async def test_too_many_lines_fail_the_batch(fake: FakeVLLM, tmp_path: Path) -> None:
     """More lines than OCRVL_BATCH_MAX_REQUESTS: `failed`, too_many_tasks."""
     async with gateway(fake, tmp_path / "data", batch_max_requests=2) as client:
@@ -208,6 +222,16 @@ async def test_uploads_are_refused_with_the_right_status(fake: FakeVLLM, tmp_pat
         ({"completion_window": "1h"}, "completion_window"),
         ({"input_file_id": 7}, "input_file_id"),
         ({"metadata": {"k": 1}}, "metadata"),
+        # wrong JSON types: each a 400, never a 500 (a list or object is no dict key)
+        ({"completion_window": []}, "completion_window"),
+        ({"completion_window": {}}, "completion_window"),
+        ({"completion_window": None}, "completion_window"),
+        ({"endpoint": []}, "endpoint"),
+        ({"endpoint": {"a": 1}}, "endpoint"),
+        ({"input_file_id": []}, "input_file_id"),
+        ({"input_file_id": {}}, "input_file_id"),
+        ({"metadata": []}, "metadata"),
+        ({"metadata": "x"}, "metadata"),
     ],
 )
 async def test_create_refuses_what_openai_refuses(
@@ -221,6 +245,7 @@ async def test_create_refuses_what_openai_refuses(
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == param
+    assert error["code"]
     if fields.get("endpoint") == "/v1/ocr":
         assert "/v1/ocr lines are not taken" in error["message"]
 

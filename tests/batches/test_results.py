@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -12,6 +13,12 @@ from app.batches.results import file_id, write_files
 from app.store.files import SqliteFiles
 
 pytestmark = pytest.mark.anyio
+
+
+async def chunks_of(*chunks: list[bytes]) -> AsyncIterator[list[bytes]]:
+    """Kept lines as Store.page_chunks gives them."""
+    for chunk in chunks:
+        yield chunk
 
 
 async def read(files: SqliteFiles, identity: str | None) -> list[dict[str, object]]:
@@ -37,7 +44,12 @@ async def test_expired_lines_go_to_the_error_file_and_rewrites_keep_the_ids(tmp_
         ]
         for _ in range(2):
             output, errors = await write_files(
-                files, "batch_x", "key", kept, ttl=60, unrun=(source, {1, 3})
+                files,
+                "batch_x",
+                "key",
+                chunks_of(kept[:1], kept[1:]),
+                ttl=60,
+                unrun=(source, {1, 3}),
             )
             assert (output, errors) == (file_id("batch_x", "output"), file_id("batch_x", "error"))
         assert [line["custom_id"] for line in await read(files, output)] == ["a"]
@@ -52,6 +64,6 @@ async def test_expired_lines_go_to_the_error_file_and_rewrites_keep_the_ids(tmp_
         listed = await files.listing("key", 10, None)
         assert sorted(record.id for record in listed) == sorted([output, errors])
         assert {record.purpose for record in listed} == {"batch_output"}
-        assert await write_files(files, "batch_y", "key", [], ttl=60) == (None, None)
+        assert await write_files(files, "batch_y", "key", chunks_of(), ttl=60) == (None, None)
     finally:
         await files.close()

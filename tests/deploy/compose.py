@@ -109,3 +109,8 @@ def variables(text: str) -> dict[str, str | None]:
 def profiles() -> list[str]:
     """The GPU profile names: the services of compose/gpu-profiles.yml."""
     return sorted(yaml.safe_load(GPU_PROFILES.read_text())["services"])
+
+
+def defaulted(text: str) -> str:
+    """`${NAME:-default}` replaced by its default, as compose resolves it with NAME unset."""
+    return re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*:-([^}]*)\}", r"\1", text)

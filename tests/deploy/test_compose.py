@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +11,11 @@ import yaml
 
 from tests.deploy.compose import (
     BASE,
+    ENV_EXAMPLE,
     GPU_PROFILES,
     REQUIRED,
     ROOT,
+    defaulted,
     env_example,
     filled_env_example,
     profiles,
@@ -26,27 +27,29 @@ from tests.deploy.compose import (
 # Every supported way of running the stack: the files given with -f, and extra variables.
 LAYOUTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "base": ([BASE], {}),
-    "gpus-2": ([BASE, "compose/gpus-2.yml"], {}),
-    "cpu": ([BASE, "compose/cpu.yml"], {"GPU_PROFILE": "cpu"}),
+    "gpus-2": ([BASE], {"GPUS": "2"}),
+    "cpu": ([BASE], {"GPU_PROFILE": "cpu"}),
     "paddleocr": ([BASE, "compose/paddleocr.yml"], {}),
     "monitoring": ([BASE, "compose/monitoring.yml"], {}),
-    "gpus-2+monitoring": ([BASE, "compose/gpus-2.yml", "compose/monitoring.yml"], {}),
-    "mps": ([BASE, "compose/mps.yml"], {"GPU_PROFILE": "h200-141gb"}),
-    "mps+monitoring": (
-        [BASE, "compose/mps.yml", "compose/monitoring.yml"],
-        {"GPU_PROFILE": "h200-141gb"},
-    ),
+    "gpus-2+monitoring": ([BASE, "compose/monitoring.yml"], {"GPUS": "2"}),
+    "mps": ([BASE], {"GPU_PROFILE": "h200-141gb"}),
+    "mps+monitoring": ([BASE, "compose/monitoring.yml"], {"GPU_PROFILE": "h200-141gb"}),
+    "gpus-2-mps": ([BASE], {"GPU_PROFILE": "h200-141gb", "GPUS": "2"}),
+    "one-engine": ([BASE], {"GPU_PROFILE": "h200-141gb", "ENGINES_PER_GPU": "1"}),
 }
-COMPOSE_FILES = [ROOT / BASE, *sorted((ROOT / "compose").glob("*.yml"))]
+COMPOSE_FILES = [
+    ROOT / BASE,
+    *sorted((ROOT / "compose").glob("*.yml")),
+    *sorted((ROOT / "compose" / "engines").glob("*.yml")),
+    *sorted((ROOT / "compose" / "layouts").glob("*.yml")),
+]
+PER_PROFILE = {"ENGINES_PER_GPU"}
+"""Variables whose default is the profile's own (.env.example shows them commented out)."""
 
 
 def layout(name: str, tmp_path: Path, **env: str) -> dict[str, Any]:
     files, extra = LAYOUTS[name]
     return resolved(files, tmp_path, **{**extra, **env})
-
-
-def vllm_services(model: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {name: s for name, s in model["services"].items() if name.startswith("vllm")}
 
 
 def profile_services() -> dict[str, dict[str, Any]]:
@@ -83,30 +86,42 @@ def test_only_nginx_is_published_beyond_the_host_loopback(name: str, tmp_path: P
 
 
 def test_base_chains_vllm_gateway_nginx_by_health(tmp_path: Path) -> None:
-    """One vLLM on GPU 0 with the profile's image and file; each hop waits for the one behind."""
+    """One vLLM and the layout service on GPU 0, both the profile's engine image; the gateway
+    finds the engines by their alias and waits for vLLM (and the layout service when it runs);
+    nginx waits for the gateway."""
     model = layout("base", tmp_path)
     services = model["services"]
-    assert set(services) == {"vllm", "gateway", "nginx"}
+    assert set(services) == {"vllm", "layout", "gateway", "nginx"}
     vllm = services["vllm"]
     profile = REQUIRED["GPU_PROFILE"]
-    assert vllm["image"] == profile_services()[profile]["image"]
+    declared = profile_services()[profile]
+    assert vllm["image"] == defaulted(declared["image"]) == "ocrvl-engine:0.1.0-vllm0.32.0"
+    assert vllm["build"]["dockerfile"] == "engine/Dockerfile"
+    assert vllm["build"]["context"] == str(ROOT)
+    assert vllm["build"]["args"]["VLLM_IMAGE"] == declared["build"]["args"]["VLLM_IMAGE"]
     assert vllm["entrypoint"] == ["vllm"]
     command = vllm["command"]
     assert command[:2] == ["serve", "PaddlePaddle/PaddleOCR-VL-1.5"]
     assert command[command.index("--config") + 1] == f"/vllm_configs/{profile}.yaml"
     assert command[command.index("--served-model-name") + 1] == "PaddleOCR-VL-1.5-0.9B"
     assert vllm["environment"]["VLLM_API_KEY"] == REQUIRED["VLLM_API_KEY"]
+    assert vllm["environment"]["VLLM_PLUGINS"] is None  # unset: the plugin loads
     assert vllm["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}
     ]
     assert "ports" not in vllm
     assert vllm["healthcheck"]["start_period"] == "20m0s"
     assert {v["target"] for v in vllm["volumes"]} == {"/vllm_configs", "/root/.cache/huggingface"}
+    assert next(v for v in vllm["volumes"] if v["target"] == "/vllm_configs")["source"] == str(
+        ROOT / "vllm_configs"
+    )
     gateway = services["gateway"]
     assert gateway["build"]["dockerfile"] == "Dockerfile"
-    assert gateway["environment"]["OCRVL_BACKENDS"] == "http://vllm:8000"
+    assert gateway["environment"]["OCRVL_BACKENDS"] == "dns+http://vllm-backends:8000"
+    assert gateway["environment"]["OCRVL_LAYOUT_URL"] == "http://layout:8300"
     assert gateway["environment"]["OCRVL_BACKEND_API_KEY"] == REQUIRED["VLLM_API_KEY"]
     assert gateway["depends_on"]["vllm"]["condition"] == "service_healthy"
+    assert gateway["depends_on"]["layout"] == {"condition": "service_healthy", "required": False}
     assert services["nginx"]["depends_on"]["gateway"]["condition"] == "service_healthy"
     templates = services["nginx"]["volumes"][0]
     assert (templates["source"], templates["target"]) == (
@@ -115,14 +130,53 @@ def test_base_chains_vllm_gateway_nginx_by_health(tmp_path: Path) -> None:
     )
 
 
+def test_the_layout_service_runs_from_the_engine_image_on_vllms_gpu(tmp_path: Path) -> None:
+    """`python3 -m ocrvl_layout` on port 8300 with LAYOUT_MODEL and the batch the profiles make
+    room for, on vLLM's GPU (GPU_DEVICE moves both), healthy once /ready answers."""
+    services = layout("base", tmp_path, GPU_DEVICE="3", LAYOUT_MODEL="/models/mine")["services"]
+    service, vllm = services["layout"], services["vllm"]
+    assert (service["image"], service["build"]) == (vllm["image"], vllm["build"])
+    assert service["entrypoint"] == ["python3", "-m", "ocrvl_layout"]
+    options = dict(zip(service["command"][::2], service["command"][1::2], strict=True))
+    assert options == {
+        "--model": "/models/mine",
+        "--host": "0.0.0.0",  # noqa: S104 (the compose network only: nothing publishes 8300)
+        "--port": "8300",
+        "--max-batch": "8",
+    }
+    devices = service["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["device_ids"] == ["3"]
+    assert service["expose"] == ["8300"]
+    assert "ports" not in service
+    probe = service["healthcheck"]["test"]
+    assert probe[:2] == ["CMD", "python3"]
+    assert "http://127.0.0.1:8300/ready" in probe[-1]
+    default = layout("base", tmp_path)["services"]["layout"]["command"]
+    assert default[1] == "PaddlePaddle/PP-DocLayoutV3_safetensors"
+
+
+def test_the_layout_service_can_be_left_out_and_the_gateway_told(tmp_path: Path) -> None:
+    """OCRVL_LAYOUT_URL= (empty) gives the gateway no layout service; `--scale layout=0` is
+    allowed because the gateway's wait for it is not required."""
+    gateway = layout("base", tmp_path, OCRVL_LAYOUT_URL="")["services"]["gateway"]
+    assert gateway["environment"]["OCRVL_LAYOUT_URL"] == ""
+    assert gateway["depends_on"]["layout"]["required"] is False
+
+
 @pytest.mark.parametrize("profile", profiles())
 def test_every_gpu_profile_resolves_to_its_image_and_config(profile: str, tmp_path: Path) -> None:
-    """GPU_PROFILE picks the profile's image and environment and its vllm_configs/ file."""
-    vllm = layout("base", tmp_path, GPU_PROFILE=profile)["services"]["vllm"]
+    """GPU_PROFILE picks the profile's engine image (built on its vLLM image), its environment
+    and its vllm_configs/ file, for vLLM and the layout service alike."""
+    services = layout("base", tmp_path, GPU_PROFILE=profile)["services"]
     declared = profile_services()[profile]
-    assert vllm["image"] == declared["image"]
-    for name, value in (declared.get("environment") or {}).items():
-        assert vllm["environment"][name] == str(value)
+    for name in ("vllm", "layout"):
+        assert services[name]["image"] == defaulted(declared["image"]), name
+        base = defaulted(declared["build"]["args"]["VLLM_IMAGE"])
+        assert services[name]["build"]["args"]["VLLM_IMAGE"] == base, name
+        for key, value in (declared.get("environment") or {}).items():
+            assert services[name]["environment"][key] == str(value), name
+    vllm = services["vllm"]
     config = vllm["command"][vllm["command"].index("--config") + 1]
     assert (ROOT / config.lstrip("/")).is_file()
 
@@ -133,19 +187,40 @@ def test_every_vllm_config_has_a_compose_profile() -> None:
     assert configs == profiles()
 
 
-def test_cpu_override_runs_the_cpu_image_without_a_gpu(tmp_path: Path) -> None:
-    """No NVIDIA reservation; the CPU image, cpu.yaml, and the capabilities vLLM CPU asks for."""
-    vllm = layout("cpu", tmp_path)["services"]["vllm"]
+def test_every_engine_image_is_tagged_with_the_project_and_vllm_versions() -> None:
+    """ENGINE_IMAGE:<project version>-vllm<the profile's vLLM>[-cpu], so two vLLM bases never
+    share a tag, and a new project version is a new tag."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    for name, service in profile_services().items():
+        vllm = service["labels"]["ocrvl.vllm-version"]
+        suffix = "-cpu" if name == "cpu" else ""
+        assert service["image"] == f"${{ENGINE_IMAGE:-ocrvl-engine}}:{version}-vllm{vllm}{suffix}"
+        assert f":v{vllm}" in service["build"]["args"]["VLLM_IMAGE"], name
+
+
+def test_cpu_profile_runs_the_cpu_image_without_a_gpu(tmp_path: Path) -> None:
+    """GPU_PROFILE=cpu alone: no NVIDIA reservation for vLLM or the layout service; the engine
+    image over the CPU image (VLLM_CPU_IMAGE names another), cpu.yaml, and the capabilities
+    vLLM CPU asks for."""
+    services = layout("cpu", tmp_path)["services"]
+    assert set(services) == {"vllm", "layout", "gateway", "nginx"}
+    vllm = services["vllm"]
     assert "deploy" not in vllm
-    assert vllm["image"] == profile_services()["cpu"]["image"]
+    assert "deploy" not in services["layout"]
+    assert vllm["image"] == "ocrvl-engine:0.1.0-vllm0.32.0-cpu"
+    assert vllm["build"]["args"]["VLLM_IMAGE"] == "vllm/vllm-openai-cpu:v0.32.0"
     assert "/vllm_configs/cpu.yaml" in vllm["command"]
     assert vllm["cap_add"] == ["SYS_NICE"]
+    other = layout("cpu", tmp_path, VLLM_CPU_IMAGE="mine/vllm-cpu:arm64")["services"]
+    assert other["layout"]["build"]["args"]["VLLM_IMAGE"] == "mine/vllm-cpu:arm64"
 
 
 def test_paddleocr_override_runs_genai_server_with_the_same_profile(tmp_path: Path) -> None:
-    """PaddleOCR's official image and `paddleocr genai_server … --backend_config <profile>`."""
+    """PaddleOCR's official image (nothing built for it) and `paddleocr genai_server …
+    --backend_config <profile>`."""
     vllm = layout("paddleocr", tmp_path)["services"]["vllm"]
     assert "/paddleocr-genai-vllm-server:" in vllm["image"]
+    assert "build" not in vllm
     assert vllm["entrypoint"] == ["paddleocr"]
     command = vllm["command"]
     assert command[0] == "genai_server"
@@ -231,10 +306,16 @@ def test_a_missing_required_variable_stops_compose_and_says_what_to_set(
 
 
 def test_every_variable_the_compose_files_use_is_in_env_example() -> None:
-    """`.env.example` lists every ${VAR} of docker-compose.yml and compose/*.yml."""
+    """`.env.example` lists every ${VAR} of docker-compose.yml and the files under compose/; a
+    variable whose default is the profile's own is there too, commented out (so that copying
+    the file keeps the profile's default)."""
     documented = set(env_example())
+    text = ENV_EXAMPLE.read_text()
+    for name in PER_PROFILE:
+        assert name not in documented
+        assert f"\n# {name}=" in text, name
     for path in COMPOSE_FILES:
-        missing = set(variables(path.read_text())) - documented
+        missing = set(variables(path.read_text())) - documented - PER_PROFILE
         assert not missing, f"{path.relative_to(ROOT)} uses undocumented {sorted(missing)}"
 
 
@@ -243,7 +324,7 @@ def test_env_example_states_the_compose_defaults() -> None:
     documented = env_example()
     for path in COMPOSE_FILES:
         for name, default in variables(path.read_text()).items():
-            if default is not None:
+            if default is not None and name not in PER_PROFILE:
                 assert documented[name] == default, (path.name, name)
 
 
@@ -266,50 +347,3 @@ def test_nginx_template_variables_are_all_given_by_compose(compose_model: dict[s
         used = set(variables(template.read_text()))
         assert all(name.startswith(prefix) for name in used), used
         assert used <= set(environment), used - set(environment)
-
-
-def generate(count: int, *options: str) -> str:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "compose_gpus.py"), str(count), *options],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-
-
-def test_two_gpu_override_is_the_generators_output() -> None:
-    """compose/gpus-2.yml is exactly `scripts/compose_gpus.py 2`, so the two never drift."""
-    assert (ROOT / "compose" / "gpus-2.yml").read_text() == generate(2)
-
-
-@pytest.mark.parametrize("count", [2, 3, 8])
-def test_n_gpu_override_pins_one_vllm_per_gpu_and_balances_over_all(
-    count: int, tmp_path: Path
-) -> None:
-    """One vLLM per device id 0..N-1; the gateway lists and waits for every one of them."""
-    override = tmp_path / f"gpus-{count}.yml"
-    override.write_text(generate(count))
-    model = resolved([BASE, str(override)], tmp_path)
-    vllms = vllm_services(model)
-    names = ["vllm", *(f"vllm-{i}" for i in range(1, count))]
-    assert sorted(vllms) == sorted(names)
-    for index, name in enumerate(names):
-        devices = vllms[name]["deploy"]["resources"]["reservations"]["devices"]
-        assert [device["device_ids"] for device in devices] == [[str(index)]]
-        assert vllms[name]["networks"]["default"]["aliases"] == ["vllm-backends"]
-        assert vllms[name]["image"] == vllms["vllm"]["image"]
-    gateway = model["services"]["gateway"]
-    assert gateway["environment"]["OCRVL_BACKENDS"].split(",") == [
-        f"http://{name}:8000" for name in names
-    ]
-    assert {k: v["condition"] for k, v in gateway["depends_on"].items()} == dict.fromkeys(
-        names, "service_healthy"
-    )
-
-
-def test_the_generator_refuses_fewer_than_two_gpus() -> None:
-    """One GPU is the base file; the generator says so instead of writing a useless override."""
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "compose_gpus.py"), "1"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert result.returncode == 2
-    assert "one GPU is the base docker-compose.yml" in result.stderr

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.deploy.compose import GPU_PROFILES
+from tests.deploy.compose import GPU_PROFILES, defaulted
 from tests.deploy.kubernetes import (
     OVERLAYS,
     ROOT,
@@ -157,7 +157,7 @@ def test_vllm_pool_serves_its_profile(pool: str) -> None:
     deployment = named(objects, "Deployment", f"vllm-{pool}")
     engine = container(deployment)
     compose = yaml.safe_load(GPU_PROFILES.read_text())["services"][pool]
-    assert engine["image"] == compose["image"]
+    assert engine["image"] == defaulted(compose["image"])  # the engine image compose builds
     environment = {e["name"]: e.get("value") for e in engine["env"]}
     assert environment.items() >= {k: str(v) for k, v in compose["environment"].items()}.items()
     args = engine["args"]
@@ -206,8 +206,8 @@ def test_vllm_pools_hold_a_gpu_of_their_class(overlay: tuple[str, list[Manifest]
 def test_pods_run_restricted(overlay: tuple[str, list[Manifest]]) -> None:
     """Non-root, RuntimeDefault seccomp, no privilege escalation, read-only root, no capabilities.
 
-    The one exception is the CPU pool, which compose/cpu.yml runs with SYS_NICE as root; its
-    overlay alone relaxes the namespace's Pod Security level.
+    The one exception is the CPU pool, which compose/layouts/cpu.yml runs with SYS_NICE as root;
+    its overlay alone relaxes the namespace's Pod Security level.
     """
     name, objects = overlay
     for workload in of_kind(objects, "Deployment"):
@@ -225,6 +225,38 @@ def test_pods_run_restricted(overlay: tuple[str, list[Manifest]]) -> None:
     level = named(objects, "Namespace", "ocrvl")["metadata"]["labels"]
     expected = "privileged" if name == "cpu" else "restricted"
     assert level["pod-security.kubernetes.io/enforce"] == expected
+
+
+def test_the_layout_service_runs_from_the_pools_image_probed_and_found_by_the_gateway(
+    overlay: tuple[str, list[Manifest]],
+) -> None:
+    """One layout Deployment: the engine image the overlay's vLLM pods run, `python3 -m
+    ocrvl_layout` on 8300, liveness /health, readiness /ready, one GPU of its own (none on the
+    CPU), a PDB, and a Service whose address is the gateway's OCRVL_LAYOUT_URL."""
+    name, objects = overlay
+    layout = named(objects, "Deployment", "layout")
+    box = container(layout)
+    pools = [container(named(objects, "Deployment", f"vllm-{pool}")) for pool in POOLS[name]]
+    assert {box["image"]} == {pool["image"] for pool in pools}
+    assert box["command"] == ["python3", "-m", "ocrvl_layout"]
+    options = dict(zip(box["args"][::2], box["args"][1::2], strict=True))
+    assert options["--port"] == "8300"
+    assert options["--model"] == "PaddlePaddle/PP-DocLayoutV3_safetensors"
+    assert box["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert box["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert box["startupProbe"]["httpGet"]["path"] == "/health"
+    gpus = box["resources"]["requests"].get("nvidia.com/gpu")
+    assert gpus == (None if name == "cpu" else 1)
+    assert set(box["resources"]["requests"]) >= {"cpu", "memory"}
+    service = named(objects, "Service", "layout")
+    assert selects(service["spec"]["selector"], layout)
+    others = [d for d in of_kind(objects, "Deployment") if d is not layout]
+    assert not any(selects(service["spec"]["selector"], d) for d in others)
+    port = service["spec"]["ports"][0]["port"]
+    gateway = env_of(named(objects, "Deployment", "gateway"), objects)
+    assert gateway["OCRVL_LAYOUT_URL"] == f"http://layout:{port}"
+    budget = named(objects, "PodDisruptionBudget", "layout")
+    assert selects(budget["spec"]["selector"]["matchLabels"], layout)
 
 
 def test_images_are_pinned(overlay: tuple[str, list[Manifest]]) -> None:

@@ -1,7 +1,8 @@
-"""deploy/kubernetes/overlays/mps: two vLLM pods per H200 under the device plugin's MPS sharing.
+"""Engines per GPU in Kubernetes: the H200 pool runs its class's two engines per GPU under the
+device plugin's MPS sharing by default (overlays/mps), pools/h200-141gb/one-engine one.
 
 Rendered by kustomize and validated strictly with the other overlays (test_kubernetes.py); here,
-what makes this overlay MPS. No cluster: whether the plugin shares the GPU as configured and the
+what makes the pool MPS. No cluster: whether the plugin shares the GPU as configured and the
 pods serve as measured is the GPU run's to show.
 """
 
@@ -86,16 +87,55 @@ def test_each_pod_holds_one_mps_replica_on_a_shared_node(objects: list[Manifest]
         assert all(value.endswith("-SHARED") for value in required["nvidia.com/gpu.product"])
 
 
-def test_each_pod_asks_for_half_the_one_engine_pools_host(objects: list[Manifest]) -> None:
-    """Two pods share one GPU's host: each requests half the CPU and memory of pools/h200-141gb."""
+def pool(path: str) -> list[Manifest]:
+    """A pool folder as kustomize builds it on its own."""
     built = subprocess.run(
-        [str(kubectl()), "kustomize", str(KUBERNETES / "pools" / "h200-141gb")],
+        [str(kubectl()), "kustomize", str(KUBERNETES / "pools" / path)],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
-    single = named([d for d in yaml.safe_load_all(built.stdout) if d], "Deployment", POOL)
+    return [d for d in yaml.safe_load_all(built.stdout) if d]
+
+
+def test_each_pod_asks_for_half_the_one_engine_pools_host(objects: list[Manifest]) -> None:
+    """Two pods share one GPU's host: each requests half the CPU and memory of one-engine/."""
+    single = named(pool("h200-141gb/one-engine"), "Deployment", POOL)
     whole = container(single)["resources"]["requests"]
     half = container(named(objects, "Deployment", POOL))["resources"]["requests"]
     assert int(half["cpu"]) * MPS_ENGINES == int(whole["cpu"])
     assert int(half["memory"].removesuffix("Gi")) * MPS_ENGINES == int(
         whole["memory"].removesuffix("Gi")
     )
+
+
+@pytest.mark.parametrize("path", ["a100-80gb", "h200-141gb", "l4-24gb"])
+def test_each_gpu_pool_runs_its_classes_engines_per_gpu_by_default(path: str) -> None:
+    """A pool is what its profile's header says the class runs: the H200's (2, measured) on
+    MPS-shared nodes with the two-engine plan, two pods per GPU; every other one engine per
+    unshared GPU with the profile alone."""
+    card = card_for_profile(path)
+    assert card is not None
+    deployment = named(pool(path), "Deployment", f"vllm-{path}")
+    args = container(deployment)["args"]
+    terms = pod_spec(deployment)["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    products = [v for t in terms for e in t["matchExpressions"] for v in e["values"]
+                if e["key"] == "nvidia.com/gpu.product"]  # fmt: skip
+    if card.engines_per_gpu == MPS_ENGINES:
+        assert path == "h200-141gb"
+        assert "--kv-cache-memory-bytes" in args
+        assert all(product.endswith("-SHARED") for product in products)
+        assert deployment["spec"]["replicas"] == MPS_ENGINES
+    else:
+        assert "--gpu-memory-utilization" not in args
+        assert not any(product.endswith("-SHARED") for product in products)
+
+
+def test_one_word_gives_the_h200_one_engine_per_gpu() -> None:
+    """pools/h200-141gb/one-engine: the same pool name and Service, the profile as it is, one
+    pod per unshared H200."""
+    objects = pool("h200-141gb/one-engine")
+    deployment = named(objects, "Deployment", POOL)
+    assert container(deployment)["args"][-2:] == ["--served-model-name", "PaddleOCR-VL-1.5-0.9B"]
+    assert deployment["spec"]["replicas"] == 1
+    assert named(objects, "Service", POOL)["spec"]["clusterIP"] == "None"

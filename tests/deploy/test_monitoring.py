@@ -31,7 +31,8 @@ def expressions() -> list[str]:
 
 
 def test_prometheus_config_is_valid() -> None:
-    """promtool accepts prometheus.yml; it scrapes the gateway and every vLLM by DNS."""
+    """promtool accepts prometheus.yml; it scrapes the gateway, every vLLM and the layout
+    service by DNS."""
     config = MONITORING / "prometheus.yml"
     result = subprocess.run(
         ["promtool", "check", "config", str(config)], capture_output=True, text=True, check=False
@@ -41,7 +42,7 @@ def test_prometheus_config_is_valid() -> None:
         job["job_name"]: job["dns_sd_configs"][0]["names"]
         for job in yaml.safe_load(config.read_text())["scrape_configs"]
     }
-    assert jobs == {"gateway": ["gateway"], "vllm": ["vllm-backends"]}
+    assert jobs == {"gateway": ["gateway"], "vllm": ["vllm-backends"], "layout": ["layout"]}
 
 
 def test_dashboard_queries_the_provisioned_datasource() -> None:

@@ -302,17 +302,17 @@ def stream_arrivals(url: str, key: str, body: dict[str, Any]) -> list[float]:
 def test_a_streamed_answer_arrives_chunk_by_chunk(
     front_of: StartNginx, gateway: GatewayServer
 ) -> None:
-    """Through nginx the first token arrives long before the last: nothing is buffered."""
+    """Through nginx the events arrive one by one as the engine decodes them: nothing is
+    buffered (buffered, they would come in a few bursts of a buffer's size, or all at the end).
+    Counted in distinct arrival milliseconds, not timed against a direct run: the engine's load
+    differs between two runs, its decode steps are each some milliseconds apart in both."""
     page = document_page(seed=3, width=448, height=448)
     body = chat_body(page, max_completion_tokens=160, stream=True, ignore_eos=True, temperature=0)
     with front_of() as front:
         arrivals = stream_arrivals(front.url, gateway.api_key, body)
-    direct = stream_arrivals(gateway.url, gateway.api_key, body)
     assert len(arrivals) >= 100
-    spread, direct_spread = arrivals[-1] - arrivals[0], direct[-1] - direct[0]
-    # Buffered, every event would arrive together at the end; streamed, as the engine decodes.
-    assert spread >= 0.5 * direct_spread, (spread, direct_spread)
-    assert len({round(t, 3) for t in arrivals}) >= 10
+    distinct = len({round(t, 3) for t in arrivals})
+    assert distinct >= len(arrivals) // 2, (distinct, len(arrivals))
 
 
 @pytest.mark.vllm

@@ -1,4 +1,5 @@
-"""scripts/serve.sh's plan for N engines (DRY_RUN=1): ports, each engine's share, backends, MPS."""
+"""scripts/serve.sh's plan (DRY_RUN=1): engines per GPU from the profile, ports, each engine's
+share, backends, MPS, and the layout service beside them."""
 
 from __future__ import annotations
 
@@ -6,17 +7,21 @@ import os
 import re
 import socket
 import subprocess
+from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import ROOT, VENV_BIN
 
 SERVE = ROOT / "scripts" / "serve.sh"
+ROOT_VENV = ".venv"  # serve.sh's VENV default, as it prints it
 
 
 def dry_run(**env: str) -> tuple[int, str]:
     """serve.sh with DRY_RUN=1 and `env`; (exit status, what it printed)."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("OCRVL_", "MPS"))}
+    own = ("OCRVL_", "MPS", "ENGINES", "LAYOUT", "PROFILE", "MODEL", "VLLM_BIN")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(own)}
     environment |= {"DRY_RUN": "1", "VLLM_PORT": "9100", "PORT": "9000"} | env
     result = subprocess.run(
         ["bash", str(SERVE)], cwd=ROOT, env=environment, capture_output=True, text=True,
@@ -67,18 +72,42 @@ def test_two_engines_on_a_gpu_get_the_memory_model_s_share_consecutive_ports_and
     assert "make serve: MPS on" in output
 
 
-def test_mps_can_be_turned_off_and_one_engine_is_the_profile_as_shipped() -> None:
-    """MPS=0 keeps two engines off MPS; ENGINES=1 (the default) runs the profile untouched on
-    VLLM_PORT, MPS off, one backend."""
-    status, output = dry_run(VLLM_BIN="/bin/true", PROFILE="h200-141gb", ENGINES="2", MPS="0")
-    assert status == 0, output
-    assert len(engines(output)) == 2
-    assert "make serve: MPS off" in output
+def test_an_h200_runs_its_profiles_two_engines_under_mps_by_default() -> None:
+    """`make serve PROFILE=h200-141gb` with no ENGINES: the header's "Engines per GPU: 2,
+    measured", each engine with the plan's share, MPS on, and it says why."""
     status, output = dry_run(VLLM_BIN="/bin/true", PROFILE="h200-141gb")
+    assert status == 0, output
+    commands = engines(output)
+    assert [flags(c)["port"] for c in commands] == ["9100", "9101"]
+    plan = planned("h200-141gb", 2)
+    assert all(flags(c)["gpu-memory-utilization"] == str(plan["gpu-memory-utilization"])
+               for c in commands)  # fmt: skip
+    assert "make serve: 2 engines (the profile's default, measured; ENGINES=1 runs one)" in output
+    assert "make serve: MPS on" in output
+
+
+def test_one_word_runs_one_engine_as_the_profile_ships_it() -> None:
+    """ENGINES=1 on the H200: the profile untouched on VLLM_PORT, MPS off, one backend; MPS=0
+    keeps two engines off MPS."""
+    status, output = dry_run(VLLM_BIN="/bin/true", PROFILE="h200-141gb", ENGINES="1")
     assert status == 0, output
     (command,) = engines(output)
     assert "gpu-memory-utilization" not in flags(command)
     assert "OCRVL_BACKENDS=http://127.0.0.1:9100 " in output
+    assert "make serve: MPS off" in output
+    status, output = dry_run(VLLM_BIN="/bin/true", PROFILE="h200-141gb", ENGINES="2", MPS="0")
+    assert status == 0, output
+    assert len(engines(output)) == 2
+    assert "make serve: MPS off" in output
+
+
+@pytest.mark.parametrize("profile", ["l4-24gb", "h100-80gb", "a100-80gb", "rtx3060-12gb"])
+def test_a_class_not_measured_runs_one_engine(profile: str) -> None:
+    """Every class but the H200 defaults to one engine (its header says why), MPS off."""
+    status, output = dry_run(VLLM_BIN="/bin/true", PROFILE=profile)
+    assert status == 0, output
+    assert len(engines(output)) == 1
+    assert "make serve: 1 engine (the profile's default, modelled; ENGINES=2 runs two" in output
     assert "make serve: MPS off" in output
 
 
@@ -96,21 +125,73 @@ def test_two_cpu_engines_run_the_cpu_profile_without_mps() -> None:
     assert "make serve: MPS off" in output
 
 
-def test_engines_must_be_a_positive_count() -> None:
-    """ENGINES=0 is refused before anything starts."""
+def test_engines_must_be_a_positive_count_and_layout_on_or_off() -> None:
+    """ENGINES=0 and LAYOUT=maybe are refused before anything starts."""
     status, output = dry_run(ENGINES="0")
     assert status == 2
     assert "ENGINES must be 1 or more" in output
+    status, output = dry_run(LAYOUT="maybe")
+    assert status == 2
+    assert "LAYOUT must be on or off" in output
 
 
-def test_a_port_already_in_use_is_refused_before_anything_starts() -> None:
-    """A listener on the second engine's port (a gateway or engine left by another run) stops
-    serve.sh with a clear message instead of health checks answered by the old process."""
+def layout_command(output: str) -> list[str]:
+    """The layout service's command line as serve.sh printed it (none: [])."""
+    prefix = "make serve: layout service: "
+    return next((line.removeprefix(prefix).split() for line in output.splitlines()
+                 if line.startswith(prefix)), [])  # fmt: skip
+
+
+def test_the_tiny_model_gets_the_tiny_layout_checkpoint_and_the_gateway_its_url(
+    tmp_path: Path,
+) -> None:
+    """MODEL=tiny: the layout service in the engine venv's Python with TINY_LAYOUT_DIR (built
+    there when missing) on loopback LAYOUT_PORT, and the gateway's OCRVL_LAYOUT_URL naming it."""
+    tiny = tmp_path / "tiny-layout"
+    status, output = dry_run(MODEL="tiny", VLLM_BIN="", TINY_LAYOUT_DIR=str(tiny),
+                             LAYOUT_PORT="9300")  # fmt: skip
+    assert status == 0, output
+    assert f"would run: {ROOT_VENV}/bin/python -m tests.support.tiny_layout {tiny}" in output
+    command = layout_command(output)
+    assert command[0].endswith(".venv/bin/python")
+    assert command[1:3] == ["-m", "ocrvl_layout"]
+    assert flags(command) == {"model": str(tiny), "host": "127.0.0.1", "port": "9300"}
+    gateway = next(line for line in output.splitlines() if "make serve: gateway:" in line)
+    assert "OCRVL_LAYOUT_URL=http://127.0.0.1:9300 " in gateway
+
+
+def test_a_real_model_gets_the_real_layout_checkpoint_or_the_one_named() -> None:
+    """A real MODEL: PP-DocLayoutV3's Hugging Face name by default, LAYOUT_MODEL otherwise, and
+    LAYOUT_ARGS passed on; on a GPU the Python beside its `vllm`."""
+    status, output = dry_run(VLLM_BIN="/bin/true", PROFILE="l4-24gb", LAYOUT_ARGS="--compile")
+    assert status == 0, output
+    command = layout_command(output)
+    assert command[0] == "/bin/python3"
+    assert flags(command)["model"] == "PaddlePaddle/PP-DocLayoutV3_safetensors"
+    assert command[-1] == "--compile"
+    status, output = dry_run(VLLM_BIN="/bin/true", PROFILE="l4-24gb", LAYOUT_MODEL="/m/layout")
+    assert flags(layout_command(output))["model"] == "/m/layout"
+
+
+def test_layout_off_starts_no_layout_service_and_gives_the_gateway_none() -> None:
+    """LAYOUT=off: no layout service, no OCRVL_LAYOUT_URL: /v1/ocr sends pages whole."""
+    status, output = dry_run(MODEL="tiny", VLLM_BIN="", LAYOUT="off")
+    assert status == 0, output
+    assert layout_command(output) == []
+    assert "OCRVL_LAYOUT_URL= " in output
+
+
+@pytest.mark.parametrize("whose", ["VLLM_PORT", "LAYOUT_PORT"])
+def test_a_port_already_in_use_is_refused_before_anything_starts(whose: str) -> None:
+    """A listener on the second engine's port or the layout service's (left by another run)
+    stops serve.sh with a clear message instead of health checks answered by the old process."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         taken = listener.getsockname()[1]
-        status, output = dry_run(MODEL="tiny", ENGINES="2", VLLM_PORT=str(taken - 1))
+        port = {"VLLM_PORT": str(taken - 1), "LAYOUT_PORT": str(taken)}[whose]
+        status, output = dry_run(MODEL="tiny", ENGINES="2", **{whose: port})
     assert status == 2
     assert f"port {taken} is already in use" in output
     assert not engines(output)
+    assert not layout_command(output)

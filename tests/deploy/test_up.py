@@ -69,19 +69,12 @@ def test_an_explicit_profile_is_used_as_is(stand_ins: Path, tmp_path: Path) -> N
     assert record.read_text().splitlines() == ["GPU_PROFILE=a100-80gb docker compose up -d"]
 
 
-def test_two_engines_per_gpu_add_the_mps_override(stand_ins: Path, tmp_path: Path) -> None:
-    """ENGINES_PER_GPU=2: compose runs the base file with compose/mps.yml on top."""
-    record = tmp_path / "calls"
-    result = run_up(stand_ins, record, GPU_PROFILE="h200-141gb", ENGINES_PER_GPU="2")
-    assert result.returncode == 0, result.stderr
-    assert record.read_text().splitlines() == [
-        "GPU_PROFILE=h200-141gb docker compose -f docker-compose.yml -f compose/mps.yml up -d"
-    ]
-
-
-def test_detection_only_recommends_two_engines(stand_ins: Path, tmp_path: Path) -> None:
-    """A detected H200 (its header: 2 engines per GPU) still gets one engine, and a note
-    naming ENGINES_PER_GPU=2: MPS is never switched on by detection (docs/deploy.md)."""
+def test_an_h200_gets_its_two_engines_and_one_word_gives_one(
+    stand_ins: Path, tmp_path: Path
+) -> None:
+    """A detected H200 (its header: 2 engines per GPU, measured): compose starts as is, its
+    include giving two engines under MPS, and up.sh says so; ENGINES_PER_GPU=1 in .env is
+    passed on to compose and named as the reason."""
     (stand_ins / "ocrvl").write_text(
         '#!/bin/sh\necho "$*" >> "$RECORD"\necho vllm_configs/h200-141gb.yaml\n'
     )
@@ -89,34 +82,54 @@ def test_detection_only_recommends_two_engines(stand_ins: Path, tmp_path: Path) 
     result = run_up(stand_ins, record, GPU_PROFILE="auto")
     assert result.returncode == 0, result.stderr
     assert record.read_text().splitlines()[-1] == "GPU_PROFILE=h200-141gb docker compose up -d"
-    assert "should run 2 engines per GPU under NVIDIA MPS" in result.stderr
-    assert "ENGINES_PER_GPU=2" in result.stderr
-
-
-def test_a_profile_of_one_engine_gets_no_note(stand_ins: Path, tmp_path: Path) -> None:
-    """An L4 (GPU-bound, one engine) starts as before, without the MPS note."""
-    result = run_up(stand_ins, tmp_path / "calls", GPU_PROFILE="l4-24gb")
+    assert (
+        "GPU_PROFILE=h200-141gb: 2 engines under MPS per GPU on 1 GPU (the profile's default, "
+        "measured; compose/layouts/gpus-1-engines-2.yml)"
+    ) in result.stderr
+    result = run_up(stand_ins, record, GPU_PROFILE="h200-141gb", ENGINES_PER_GPU="1")
     assert result.returncode == 0, result.stderr
-    assert "MPS" not in result.stderr
-
-
-def test_two_engines_with_own_files_use_them_as_given(stand_ins: Path, tmp_path: Path) -> None:
-    """-f given: up.sh adds nothing and says to include the MPS override."""
-    record = tmp_path / "calls"
-    result = run_up(
-        stand_ins, record, "-f", "docker-compose.yml", GPU_PROFILE="h200-141gb", ENGINES_PER_GPU="2"
+    assert "1 engine per GPU on 1 GPU (ENGINES_PER_GPU; compose/layouts/gpus-1-engines-1.yml)" in (
+        result.stderr
     )
+
+
+def test_a_modelled_class_runs_one_engine(stand_ins: Path, tmp_path: Path) -> None:
+    """An L4 or an H100 (not measured): one engine, no MPS, by the profile's default."""
+    for profile in ("l4-24gb", "h100-80gb"):
+        result = run_up(stand_ins, tmp_path / "calls", GPU_PROFILE=profile)
+        assert result.returncode == 0, result.stderr
+        assert f"GPU_PROFILE={profile}: 1 engine per GPU on 1 GPU (the profile's default" in (
+            result.stderr
+        )
+        assert "MPS" not in result.stderr
+
+
+def test_own_files_and_options_are_passed_on(stand_ins: Path, tmp_path: Path) -> None:
+    """-f files and other options reach `docker compose` as given, before `up -d`."""
+    record = tmp_path / "calls"
+    files = ["-f", "docker-compose.yml", "-f", "compose/monitoring.yml"]
+    result = run_up(stand_ins, record, *files, GPU_PROFILE="h200-141gb")
     assert result.returncode == 0, result.stderr
     assert record.read_text().splitlines() == [
-        "GPU_PROFILE=h200-141gb docker compose -f docker-compose.yml up -d"
+        f"GPU_PROFILE=h200-141gb docker compose {' '.join(files)} up -d"
     ]
-    assert "compose/mps.yml" in result.stderr
 
 
-def test_other_engine_counts_are_refused(stand_ins: Path, tmp_path: Path) -> None:
-    """ENGINES_PER_GPU=3: exit 2 before compose runs, naming the values it takes."""
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ENGINES_PER_GPU": "3"}, "ENGINES_PER_GPU must be 1 or 2"),
+        ({"GPUS": "0"}, "GPUS must be 1 or more"),
+        ({"GPUS": "4"}, "python3 scripts/compose_gpus.py 4 --engines-per-gpu 2"),
+        ({"GPU_PROFILE": "b200-192gb"}, "no vllm_configs/b200-192gb.yaml"),
+    ],
+)
+def test_what_compose_cannot_run_is_refused_before_it_runs(
+    env: dict[str, str], message: str, stand_ins: Path, tmp_path: Path
+) -> None:
+    """Exit 2 before compose runs, saying what to change (or which layout to write)."""
     record = tmp_path / "calls"
-    result = run_up(stand_ins, record, GPU_PROFILE="h200-141gb", ENGINES_PER_GPU="3")
+    result = run_up(stand_ins, record, **{"GPU_PROFILE": "h200-141gb", **env})
     assert result.returncode == 2
-    assert "ENGINES_PER_GPU must be 1 or 2" in result.stderr
+    assert message in result.stderr
     assert not record.exists()

@@ -74,7 +74,8 @@ async def test_a_job_runs_to_the_same_answer_as_v1_ocr(fake: FakeVLLM, tmp_path:
             f"/v1/ocr/jobs/{job['id']}/result", headers={"accept": "application/x-ndjson"}
         )
         parsed = [orjson.loads(line) for line in lines.text.splitlines()]
-        assert parsed[0] == {"object": "ocr.document", "model": fake.served, "pages": [1, 2, 3, 4]}
+        head = {"object": "ocr.document", "model": fake.served, "layout": "off"}
+        assert parsed[0] == {**head, "pages": [1, 2, 3, 4]}
         assert [line["index"] for line in parsed[1:-1]] == [1, 2, 3, 4]
         assert parsed[-1]["object"] == "ocr.summary"
         markdown = await client.get(
@@ -86,7 +87,8 @@ async def test_a_job_runs_to_the_same_answer_as_v1_ocr(fake: FakeVLLM, tmp_path:
 
 async def test_a_job_is_only_its_keys(fake: FakeVLLM, tmp_path: Path) -> None:
     """Another key's request, an unknown id and a guessed one: the same 404; lists hold only
-    the caller's jobs, paged."""
+    the caller's jobs, paged; another key's job id as `after` is a 400 like an unknown one
+    (before: it listed the caller's older jobs, confirming that id and its order)."""
     async with gateway(fake, tmp_path / "data") as client:
         ids = [(await submit(client, pdf(1))).json()["id"] for _ in range(3)]
         other = {"authorization": f"Bearer {OTHER_KEY}"}
@@ -103,6 +105,12 @@ async def test_a_job_is_only_its_keys(fake: FakeVLLM, tmp_path: Path) -> None:
         rest = await client.get("/v1/ocr/jobs", params={"limit": "2", "after": first["last_id"]})
         assert [job["id"] for job in rest.json()["data"]] == [ids[0]]
         assert (await client.get("/v1/ocr/jobs", headers=other)).json()["data"] == []
+        # another key's job as `after`: the same 400 as an unknown id, confirming nothing
+        for after in (ids[1], "job_AAAAAAAAAAAAAAAAAAAAAA"):
+            listed = await client.get("/v1/ocr/jobs", params={"after": after}, headers=other)
+            assert listed.status_code == 400, listed.text
+            assert listed.json()["error"]["param"] == "after"
+        assert (await client.get(f"/v1/ocr/jobs?after={ids[1]}")).status_code == 200
 
 
 @pytest.mark.parametrize("wait", ["x", "-1", "61", "nan", "1e400"])
@@ -153,27 +161,35 @@ async def test_limits_refuse_before_anything_is_stored(fake: FakeVLLM, tmp_path:
 
 async def test_cancel_aborts_the_pages_in_flight(fake: FakeVLLM, tmp_path: Path) -> None:
     """DELETE on a running job: its hung page is closed upstream, status cancelled, document
-    and results gone; the result is then a 404."""
-    fake.mode = "hang"
+    gone; the pages it finished are kept until its TTL (as OpenAI's batches keep what was
+    done) and the result says `cancelled` (the TTL sweep expires it as any ended job)."""
+    fake.hang_after = 1  # page 1 is answered, page 2 hangs
     data = tmp_path / "data"
-    async with gateway(fake, data) as client:
+    async with gateway(fake, data, job_page_concurrency=1) as client:
         job = (await submit(client, pdf(3))).json()
         for _ in range(100):
-            if fake.chat_started.is_set():
+            if len(fake.bodies) == 2:
                 break
             await asyncio.sleep(0.1)
-        assert fake.chat_started.is_set()
+        assert len(fake.bodies) == 2
         running = (await client.get(f"/v1/ocr/jobs/{job['id']}")).json()
-        assert running["status"] == "running"
+        assert (running["status"], running["pages_done"]) == ("running", 1)
         cancelled = await client.delete(f"/v1/ocr/jobs/{job['id']}")
         assert cancelled.status_code == 200
         assert (cancelled.json()["status"], cancelled.json()["deleted"]) == ("cancelled", True)
         assert await asyncio.to_thread(fake.disconnected.wait, 10)
         assert list((data / "documents").iterdir()) == []
         status = (await client.get(f"/v1/ocr/jobs/{job['id']}")).json()
-        assert status["status"] == "cancelled"
+        assert (status["status"], status["pages_done"]) == ("cancelled", 1)
         result = await client.get(f"/v1/ocr/jobs/{job['id']}/result")
-        assert (result.status_code, result.json()["error"]["code"]) == (404, "job_results_removed")
+        assert result.status_code == 200, result.text
+        assert result.headers["x-ocr-job-status"] == "cancelled"
+        assert [page["index"] for page in result.json()["pages"]] == [1]
+        markdown = await client.get(
+            f"/v1/ocr/jobs/{job['id']}/result", headers={"accept": "text/markdown"}
+        )
+        assert markdown.text == "Hello page\n"
+        assert status["expires_at"] >= status["finished_at"] + 86_400 - 1  # swept then
 
 
 async def test_the_wait_returns_when_the_status_changes(fake: FakeVLLM, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -164,9 +165,13 @@ async def test_a_new_sqlite_gateway_takes_over_a_dead_ones_jobs_at_once(tmp_path
         await second.close()
 
 
-async def test_the_sweep_expires_ended_jobs_then_removes_them(store: Store, tmp_path: Path) -> None:
-    """Past its TTL an ended job loses its pages and document and shows `expired`; one TTL
-    later the record is gone; a running job is never swept."""
+@pytest.mark.parametrize("end", ["succeeded", "cancelled"])
+async def test_the_sweep_expires_ended_jobs_then_removes_them(
+    store: Store, tmp_path: Path, end: str
+) -> None:
+    """Past its TTL an ended job (a cancelled one too: it kept its finished pages until then)
+    loses its pages and document and shows `expired`; one TTL later the record is gone; a
+    running job is never swept."""
     from app.jobs.events import JobEvents  # noqa: PLC0415
     from app.jobs.runner import Runner  # noqa: PLC0415
     from app.metrics import Metrics  # noqa: PLC0415
@@ -179,7 +184,8 @@ async def test_the_sweep_expires_ended_jobs_then_removes_them(store: Store, tmp_
     await store.claim("gw-1", now, 600)
     await store.add_page(ended.id, PageRecord(1, b'{"index":1}', failed=False))
     changes = {"finished_at": now, "expires_at": now + 1}
-    assert await store.transition(ended.id, ("running",), "succeeded", changes)
+    assert await store.transition(ended.id, ("running",), end, changes)
+    assert await store.pages(ended.id) == [b'{"index":1}']
     runner = Runner(
         store, relay=None, preprocessor=None, settings=settings_for("http://x", job_ttl=5),  # type: ignore[arg-type]
         events=JobEvents(Metrics(), lambda: 0), webhooks=None,  # type: ignore[arg-type]
@@ -195,3 +201,39 @@ async def test_the_sweep_expires_ended_jobs_then_removes_them(store: Store, tmp_
     kept = await store.get(running.id)
     assert kept is not None
     assert kept.status == "running"
+
+
+async def test_a_batchs_output_is_written_as_it_is_read(store: Store, tmp_path: Path) -> None:
+    """4,000 kept lines of 8 KB (32 MB) become the output and error files while tracemalloc
+    sees at most a few MB allocated at once: the store gives them a chunk at a time and each
+    chunk is written before the next is read (before: every line in one list, 32 MB and more)."""
+    from app.batches.lines import output_line  # noqa: PLC0415
+    from app.batches.results import write_files  # noqa: PLC0415
+    from app.store.files import SqliteFiles  # noqa: PLC0415
+
+    job = await created(store, tmp_path, a_job(pages=4000))
+    await store.claim("gw-1", time.time(), 600)
+    text = "x" * 8000
+    for number in range(1, 4001):
+        status = 200 if number % 10 else 400  # every tenth line to the error file
+        line = output_line(str(number), status, f"r{number}", {"text": text})
+        await store.add_page(job.id, PageRecord(number, line, failed=status != 200))
+    files = SqliteFiles(tmp_path / "files")
+    await files.open()
+    try:
+        tracemalloc.start()
+        try:
+            output, errors = await write_files(
+                files, job.id, job.owner, store.page_chunks(job.id), ttl=60
+            )
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        lines = []
+        for identity in (output, errors):
+            assert identity is not None
+            lines.append(b"".join([c async for c in files.content(identity)]).count(b"\n"))
+        assert lines == [3600, 400]
+    finally:
+        await files.close()
+    assert peak < 8 * 1024 * 1024, f"finalizing allocated {peak / 2**20:.1f} MiB at its peak"

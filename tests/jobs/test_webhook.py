@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 from app.errors import InvalidRequest
 from app.jobs.webhook import Webhooks, sign, signing_key
 from tests.conftest import settings_for
-from tests.support.servers import empty_lifespan, serving
+from tests.support.servers import empty_lifespan, read_body, serving
 
 pytestmark = pytest.mark.anyio
 SECRET = "whsec_" + base64.b64encode(b"a test signing key of 32 bytes!!").decode()
@@ -97,12 +97,7 @@ class Receiver:
         if scope["type"] == "lifespan":
             await empty_lifespan(receive, send)
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         self.received.append(({k.decode(): v.decode() for k, v in scope["headers"]}, body))
         status = 500 if len(self.received) <= self.failures else 200
         await send({"type": "http.response.start", "status": status, "headers": []})

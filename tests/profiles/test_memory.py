@@ -11,7 +11,14 @@ import yaml
 from app.cli import main
 from app.profiles import PROFILES_DIR, ROOT
 from app.profiles.gpus import CARDS, Card
-from app.profiles.memory import EngineLimits, derive_for_card, kv_cache_tokens, plan
+from app.profiles.layout import LAYOUT_MAX_BATCH, layout_bytes
+from app.profiles.memory import (
+    EngineLimits,
+    cuda_total,
+    derive_for_card,
+    kv_cache_tokens,
+    plan,
+)
 from app.profiles.shapes import GiB, ModelShape, load_shape
 
 PLANNED = ("gpu-memory-utilization", "max-model-len", "max-num-seqs", "max-num-batched-tokens")
@@ -77,10 +84,31 @@ def test_utilization_above_free_memory_cannot_start(shape: ModelShape) -> None:
 
 def test_more_sequences_than_pages_warns_of_queueing(shape: ModelShape) -> None:
     """max-num-seqs beyond what the KV cache holds is a warning, not an error."""
-    result = plan(shape, EngineLimits(8192, 512, 16384, gpu_memory_utilization=0.87), 12 * GiB)
+    result = plan(shape, EngineLimits(8192, 512, 16384, gpu_memory_utilization=0.6), 12 * GiB)
     assert not result.errors
     assert result.concurrent_pages < 512
     assert any(warning.startswith("will queue") for warning in result.warnings)
+
+
+def test_a_budget_that_leaves_no_room_for_the_layout_service_fails(shape: ModelShape) -> None:
+    """The layout service shares the GPU: 0.8 of 12 GiB (11.40 GiB as CUDA counts it) leaves
+    1.78 GiB beside vLLM's context, less than the 3.94 GiB its context, weights and batch of 8
+    take (app/profiles/layout.py)."""
+    result = plan(shape, EngineLimits(8192, 64, 16384, gpu_memory_utilization=0.8), 12 * GiB)
+    assert result.layout_bytes == layout_bytes(LAYOUT_MAX_BATCH)
+    assert [e for e in result.errors if e.startswith("no room for the layout service")] == [
+        "no room for the layout service: gpu-memory-utilization 0.8 leaves 1.78 GiB beside "
+        "vLLM's CUDA context, and the layout service on the same GPU needs 3.94 GiB "
+        "(app/profiles/layout.py); lower it"
+    ]
+
+
+def test_the_budget_is_a_share_of_the_total_cuda_reports(shape: ModelShape) -> None:
+    """vLLM multiplies the utilization by CUDA's total, 615 MiB below nvidia-smi's on the H200
+    (143,771 MiB against 139.80 GiB in the ninth pass's OOM report)."""
+    assert cuda_total(143_771 * 1024**2) == 150_109_880_320
+    limits = EngineLimits(8192, 256, 16384, gpu_memory_utilization=0.5)
+    assert plan(shape, limits, 143_771 * 1024**2).budget_bytes == 75_054_940_160
 
 
 def test_short_max_model_len_warns_about_paddleocrs_request(shape: ModelShape) -> None:

@@ -1,5 +1,6 @@
-"""`make serve MODEL=tiny` as README gives it: vLLM + gateway, the README snippet, Ctrl-C; and
-`make serve MODEL=tiny ENGINES=2`: two engines behind one gateway."""
+"""`make serve MODEL=tiny` as README gives it: vLLM + gateway, the README snippet, the engine's
+output in its own log, Ctrl-C stopping all cleanly; and `make serve MODEL=tiny ENGINES=2`: two
+engines behind one gateway, stopped by SIGTERM."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def make_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
     }
     with log.open("wb") as out:
         process = subprocess.Popen(
-            ["make", "serve", "MODEL=tiny", f"VLLM_PORT={vllm_port}", f"PORT={port}"],
+            ["make", "serve", "MODEL=tiny", f"VLLM_PORT={vllm_port}", f"PORT={port}",
+             f"LAYOUT_PORT={free_port()}"],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
     try:
@@ -62,10 +64,37 @@ def make_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
         for url in (f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{vllm_port}/health"):
             with pytest.raises(httpx.ConnectError):
                 httpx.get(url, timeout=2)
+        assert_stopped_cleanly(log)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def assert_stopped_cleanly(log: Path) -> None:
+    """serve.sh stopped everything and exited 0: its last word, no `Error N` from make (GNU
+    make itself then ends by the signal it was sent, as it always does), and no shutdown noise
+    of the engine (xgrammar's nanobind leak report) on the terminal: that goes to its log."""
+    terminal = log.read_text(errors="replace")
+    assert "make serve: stopped" in terminal, terminal[-3000:]
+    assert not re.search(r"\*\*\* \[.*\] Error \d+", terminal), terminal[-3000:]
+    assert "nanobind" not in terminal, terminal[-3000:]
+
+
+def test_engine_output_goes_to_a_log_named_at_start(make_serve: tuple[int, int, Path]) -> None:
+    """By default each engine's output is in logs/vllm-PORT.log, named on the terminal at start;
+    the terminal holds the gateway's own JSON lines and none of vLLM's (its GET /metrics lines
+    every second)."""
+    vllm_port, port, log = make_serve
+    name = f"logs/vllm-{vllm_port}.log"
+    httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5)
+    terminal = log.read_text(errors="replace")
+    assert f"make serve: vllm-{vllm_port}'s output: {name}" in terminal
+    engine = (ROOT / name).read_text(errors="replace")
+    assert "GET /health" in engine
+    assert '"logger":"ocrvl.' in terminal
+    assert "GET /metrics" not in terminal
+    assert "GET /health" not in terminal
 
 
 def test_readme_snippet_returns_a_completion(make_serve: tuple[int, int, Path]) -> None:
@@ -116,7 +145,8 @@ def make_serve_two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[i
     }
     with log.open("wb") as out:
         process = subprocess.Popen(
-            ["make", "serve", "MODEL=tiny", "ENGINES=2", f"VLLM_PORT={vllm_port}", f"PORT={port}"],
+            ["make", "serve", "MODEL=tiny", "ENGINES=2", f"VLLM_PORT={vllm_port}", f"PORT={port}",
+             f"LAYOUT_PORT={free_port()}"],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
     try:
@@ -124,6 +154,7 @@ def make_serve_two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[i
         yield vllm_port, port, log
         os.kill(process.pid, signal.SIGTERM)  # what a service manager sends: make, then serve.sh
         process.wait(timeout=90)
+        assert_stopped_cleanly(log)
         for url in (f"http://127.0.0.1:{p}/health" for p in (port, vllm_port, vllm_port + 1)):
             with pytest.raises(httpx.ConnectError):
                 httpx.get(url, timeout=2)

@@ -117,7 +117,7 @@ def test_the_ndjson_stream_has_every_page_between_its_head_and_summary(
     lines = ndjson(response)
     assert lines[0] == {
         "object": "ocr.document", "model": ocr_gateway.backend.served_model_name,
-        "pages": [1, 2, 3, 4, 5],
+        "layout": "off", "pages": [1, 2, 3, 4, 5],
     }  # fmt: skip
     assert sorted(line["index"] for line in lines[1:-1]) == [1, 2, 3, 4, 5]
     assert all(line["object"] == "ocr.page" and "error" not in line for line in lines[1:-1])
@@ -295,9 +295,9 @@ def test_a_decompression_bomb_is_refused_without_decoding(
         (blank_pdf(MAX_PAGES + 1), {}, 400, "pages", "too_many_pages"),
         (blank_pdf(3), {"pages": "2-9"}, 400, "pages", "page_out_of_range"),
         (blank_pdf(3), {"pages": "two"}, 400, "pages", "invalid_pages"),
-        (blank_pdf(3), {"task": "translate"}, 400, "task", None),
-        (blank_pdf(3), {"dpi": "5000"}, 400, "dpi", None),
-        (blank_pdf(3), {"max_tokens": "many"}, 400, "max_tokens", None),
+        (blank_pdf(3), {"task": "translate"}, 400, "task", "invalid_value"),
+        (blank_pdf(3), {"dpi": "5000"}, 400, "dpi", "integer_above_max_value"),
+        (blank_pdf(3), {"max_tokens": "many"}, 400, "max_tokens", "invalid_type"),
         (blank_pdf(3), {"model": "no-such-model"}, 404, "model", "model_not_found"),
         (b"\x00" * (MAX_FILE_BYTES + 100 * 1024), {}, 413, None, "request_too_large"),
     ],

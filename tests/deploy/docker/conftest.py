@@ -1,9 +1,10 @@
 """The docker tier's fixtures: a real Docker Engine running the real compose stack.
 
-`docker compose build` builds the real Dockerfile and `docker compose up -d --wait` starts the
-real docker-compose.yml with compose/cpu.yml and this folder's compose.test.yml, on stand-in
-base images built here (no registry is reachable in CI). Without an engine the tier is skipped,
-except under CI (`CI` set), where that is a failure.
+`docker compose build` builds the real Dockerfile and engine/Dockerfile, and `docker compose up
+-d --wait` starts the real docker-compose.yml with GPU_PROFILE=cpu (vLLM and the layout service
+from the engine image, on the CPU) and this folder's compose.test.yml, on stand-in base images
+built here (no registry is reachable in CI). Without an engine the tier is skipped, except under
+CI (`CI` set), where that is a failure.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ PYTHON_TAG = "ocrvl-stand-in/python:3.11-bookworm"
 NGINX_TAG = "ocrvl-stand-in/nginx:1.28"
 VLLM_TAG = "ocrvl-stand-in/vllm-openai-cpu:v0.32.0"
 GATEWAY_TAG = "ocrvl-stand-in/gateway:test"
-FILES = ("docker-compose.yml", "compose/cpu.yml", "tests/deploy/docker/compose.test.yml")
+ENGINE_NAME = "ocrvl-stand-in/engine"
+ENGINE_TAG = f"{ENGINE_NAME}:0.1.0-vllm0.32.0-cpu"  # compose/gpu-profiles.yml's cpu tag
+FILES = ("docker-compose.yml", "tests/deploy/docker/compose.test.yml")
 # Debian bookworm's python3, the stand-in base's: wheel markers are resolved for its version.
 IMAGE_PYTHON = "/usr/bin/python3"
 UP_TIMEOUT = 600
@@ -178,8 +181,19 @@ def python_home(folder: Path) -> str:
     return base
 
 
+def tiny_layout() -> str:
+    """The tiny layout checkpoint (`make tiny-layout`), built by the engine venv when missing."""
+    folder = Path(os.environ.get("TINY_LAYOUT_DIR", str(ROOT / ".cache" / "tiny-layout")))
+    if not (folder / "config.json").exists():
+        subprocess.run(
+            [str(ENGINE_VENV / "bin" / "python"), "-m", "tests.support.tiny_layout", str(folder)],
+            cwd=ROOT, check=True, timeout=600,
+        )  # fmt: skip
+    return str(folder)
+
+
 def env_file(folder: Path, keys_dir: Path, port: int) -> Path:
-    """The stack's variables: stand-in images, the tiny model, loopback-only nginx."""
+    """The stack's variables: stand-in images, the tiny checkpoints, loopback-only nginx."""
     values = {
         "GPU_PROFILE": "cpu",
         "VLLM_API_KEY": BACKEND_KEY,
@@ -187,18 +201,29 @@ def env_file(folder: Path, keys_dir: Path, port: int) -> Path:
         "NGINX_IMAGE": NGINX_TAG,
         "VLLM_CPU_IMAGE": VLLM_TAG,
         "GATEWAY_IMAGE": GATEWAY_TAG,
+        "ENGINE_IMAGE": ENGINE_NAME,
+        # The stand-in's Python is the host venv, bind-mounted at run time only: the build
+        # cannot import from it, so the running stack checks the same (test_engine_image.py).
+        "ENGINE_CHECK_IMPORTS": "0",
         "PIP_NO_INDEX": "1",
         "NGINX_BIND": "127.0.0.1",
         "NGINX_PORT": str(port),
         "OCRVL_KEYS_DIR": str(keys_dir),
         "MODEL": "/models/tiny",
+        "LAYOUT_MODEL": "/models/tiny-layout",
         "OCRVL_TEST_VENV": str(ENGINE_VENV),
         "OCRVL_TEST_PYTHON_HOME": python_home(folder),
         "OCRVL_TEST_MODEL": os.environ.get("TINY_MODEL_DIR", str(ROOT / ".cache" / "tiny-model")),
+        "OCRVL_TEST_LAYOUT": tiny_layout(),
     }
     path = folder / "stack.env"
     path.write_text("".join(f"{name}={value}\n" for name, value in values.items()))
     return path
+
+
+def image_id(tag: str) -> str:
+    """The image's id, or "" when there is none by that tag."""
+    return docker("image", "inspect", tag, "--format", "{{.Id}}", check=False).strip()
 
 
 @pytest.fixture(scope="session")
@@ -214,11 +239,12 @@ def stack(
     )
     running.compose("down", "--volumes", "--remove-orphans", check=False)
     started = time.monotonic()
-    previous = docker("image", "inspect", GATEWAY_TAG, "--format", "{{.Id}}", check=False).strip()
+    previous = {tag: image_id(tag) for tag in (GATEWAY_TAG, ENGINE_TAG)}
     running.compose("build", timeout=900)
     built = time.monotonic()
-    if previous and previous != docker("image", "inspect", GATEWAY_TAG, "--format", "{{.Id}}"):
-        docker("image", "rm", previous, check=False)  # vfs keeps every old build in full
+    for tag, before in previous.items():
+        if before and before != image_id(tag):
+            docker("image", "rm", before, check=False)  # vfs keeps every old build in full
     try:
         running.compose("up", "--detach", "--wait", timeout=UP_TIMEOUT)
     except BaseException:

@@ -1,0 +1,38 @@
+"""The layout service's share of the GPU: the measured peaks, the model on their safe side."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.profiles.layout import LAYOUT_CONTEXT_BYTES, LAYOUT_MAX_BATCH, layout_bytes
+from app.profiles.shapes import GiB
+
+MEASURED_PEAK_GIB = {1: 0.6, 8: 3.0, 32: 11.8, 64: 23.6}
+"""bf16 peaks of PP-DocLayoutV3 on an H200 by batch (docs/gpu-profiles.md, the layout's share)."""
+
+
+@pytest.mark.parametrize(("batch", "peak"), MEASURED_PEAK_GIB.items())
+def test_the_share_covers_each_measured_peak_plus_a_context(batch: int, peak: float) -> None:
+    """At every measured batch the share holds the peak and one CUDA context, within 7 %."""
+    modelled = (layout_bytes(batch) - LAYOUT_CONTEXT_BYTES) / GiB
+    assert peak <= modelled <= peak * 1.07
+
+
+def test_the_default_share_is_the_services_default_batch() -> None:
+    """--max-batch 8 (the service's default): 3.94 GiB kept outside vLLM's budget, its context
+    the 0.75 GiB of non-PyTorch memory measured beside the H200's engines (ninth pass)."""
+    assert LAYOUT_MAX_BATCH == 8
+    assert 0.75 * GiB == LAYOUT_CONTEXT_BYTES
+    assert round(layout_bytes() / GiB, 2) == 3.94
+
+
+def test_the_share_holds_what_the_service_had_when_it_ran_out() -> None:
+    """Ninth pass: 1.62 GiB in use (686 MiB allocated, 208 MiB reserved by PyTorch) when a batch
+    of 5 pages asked for 116 MiB more and found 79 MiB free; the share at 5 pages is above both."""
+    assert layout_bytes(5) >= 1.62 * GiB + 116 * 1024**2
+
+
+def test_a_batch_below_one_is_refused() -> None:
+    """No share for a service that batches nothing."""
+    with pytest.raises(ValueError, match="1 or more"):
+        layout_bytes(0)
