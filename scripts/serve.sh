@@ -185,7 +185,15 @@ done
 
 pids=()  # each the PID and process-group id of one process serve.sh started (spawn)
 spawn() {  # COMMAND...: in the background, in a process group of its own (its children too)
-  if command -v setsid >/dev/null; then setsid "$@" & else "$@" & fi
+  if command -v setsid >/dev/null; then
+    setsid "$@" &
+    # the PID is its group's id once the child has called setsid: wait for that (a few ms), so
+    # a PID printed at start is always a group to signal (`kill -TERM -- -PID`)
+    local _
+    for _ in $(seq 200); do kill -0 -- "-$!" 2>/dev/null || ! kill -0 "$!" 2>/dev/null && break; sleep 0.01; done
+  else
+    "$@" &
+  fi
 }
 alive() {  # does any process of any group serve.sh started still run?
   local pid

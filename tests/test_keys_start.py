@@ -87,6 +87,22 @@ def test_keys_create_says_where_it_wrote_and_how_it_is_read(tmp_path: Path) -> N
     assert "OCRVL_API_KEYS_FILE=elsewhere.json" in other.stderr
 
 
+def test_the_keys_file_in_the_repository_is_never_tracked() -> None:
+    """Created in the repository's root (where `make serve` runs), secrets/api-keys.json is
+    ignored by git (secrets/.gitignore), as are other files there; the folder itself stays."""
+    root = Path(__file__).resolve().parent.parent
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", "secrets/api-keys.json", "secrets/other.json"],
+        cwd=root, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert ignored.stdout.split() == ["secrets/api-keys.json", "secrets/other.json"]
+    kept = subprocess.run(
+        ["git", "check-ignore", "--no-index", "secrets/.gitignore"],
+        cwd=root, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert kept.returncode == 1  # not ignored: the rule travels with the repository
+
+
 def test_keys_list_without_a_file_says_so(tmp_path: Path) -> None:
     """No keys file: exit 1 and a line naming the file and `ocrvl keys create` (before: an
     empty table, as if the file held no key)."""

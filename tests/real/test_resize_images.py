@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,14 +64,24 @@ def test_resized_pages_reach_the_engine_as_the_same_prompt(
 ) -> None:
     """Each page costs vLLM the same prompt tokens whether the gateway resized it or not, and
     the resizing gateway logs one image resized per request."""
+    before = len(chats_of(resizing_gateway))
     for seed, (width, height) in enumerate(PAGES):
         page = document_page(seed, width, height)
         plain, resized = chat(gateway, page), chat(resizing_gateway, page)
         assert plain.status_code == 200, plain.text
         assert resized.status_code == 200, resized.text
         assert resized.json()["usage"]["prompt_tokens"] == plain.json()["usage"]["prompt_tokens"]
-    chats = [r for r in access(resizing_gateway) if r["route"] == "/v1/chat/completions"]
-    assert [r["images_resized"] for r in chats][-len(PAGES) :] == [1] * len(PAGES)
+    # a request's access line is written once its answer has gone: wait for the last one's
+    deadline = time.monotonic() + 10
+    while len(chats := chats_of(resizing_gateway)) < before + len(PAGES):
+        assert time.monotonic() < deadline, chats
+        time.sleep(0.05)
+    assert [r["images_resized"] for r in chats[before:]] == [1] * len(PAGES)
+
+
+def chats_of(server: GatewayServer) -> list[dict[str, Any]]:
+    """The server's access lines of chat completions so far."""
+    return [r for r in access(server) if r["route"] == "/v1/chat/completions"]
 
 
 def test_bytes_that_are_no_image_get_vllms_own_400_either_way(
