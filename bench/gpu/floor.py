@@ -3,6 +3,7 @@
     python -m bench.gpu.floor [--visual-tokens 1280 | --pixels 1240x1754] [--output-tokens 256]
         [--batch 256] [--encoder-batches 1,2,4,8] [--rotary unfused,fused,none]
         [--backends flash,cudnn,efficient,auto] [--config config.json] [--out DIR] [--profile]
+        [--mix 176,315,172,...]   # a page read as blocks: each block's visual tokens
 
 From the model's config.json (default: app/profiles/data/paddleocr-vl-1.5/config.json; the tiny
 model's works too) it builds the real layer shapes with random weights (bf16 on a GPU, float32 on
@@ -16,7 +17,15 @@ SDPA kernel of `--backends`, the fastest kept; times are medians of CUDA-event-t
     floor ms per page = encoder ms per page (best batch) + prefill ms per page
                         + decode step ms x output tokens / batch
 
-(one decode step serves `batch` pages at once, and a page needs `output tokens` steps). Each mode
+(one decode step serves `batch` pages at once, and a page needs `output tokens` steps). With
+`--mix`, the page is read as blocks (the document path with a layout: bench/gpu/docpages.py's
+`mix`), each block a request of its own visual tokens and `--output-tokens`:
+
+    floor ms per page = sum over blocks (encoder ms per block at its size + prefill ms)
+                        + decode step ms x output tokens x blocks / batch
+
+(each distinct block size timed once, the encoder at each `--encoder-batches` size, the best
+kept; the decode step at the blocks' mean context). Each mode
 of `--rotary` is one line of the floor (floor_model.py says how each applies it; `fused` also
 records its kernel's error against the arithmetic): it prints a table per line and writes
 floor-MODE.json into --out, and floor.json for the first (what bench.gpu.layouts' merge reads).
@@ -160,6 +169,72 @@ def measure(
     }  # fmt: skip
 
 
+def measure_mix(
+    models: Models, s: Shapes, mix: list[int], args: argparse.Namespace, *,
+    device: torch.device, mode: str, kernel: InPlace | None,
+) -> dict[str, Any]:  # fmt: skip
+    """`measure` for a page read as blocks of `mix` visual tokens (see the module's doc)."""
+    vision, text, dtype = models
+    heads = [s.t_heads, s.t_kv_heads, s.t_kv_heads]
+    kernels: dict[str, Any] = {}
+    sizes: dict[int, dict[str, Any]] = {}
+    with torch.inference_mode():
+        for visual in sorted(set(mix)):
+            patches, prompt_tokens = visual * s.merge**2, visual + args.text_tokens
+            v_rope = rope_for(mode, *angles(patches, s.v_hidden // s.v_heads, device, dtype),
+                              kernel, [])  # fmt: skip
+            per_batch = []
+            for blocks in args.encoder_batches:
+                x = torch.randn(blocks, patches, 3 * s.patch**2, device=device, dtype=dtype)
+                ms = stage(lambda p=x, r=v_rope: vision(p, r), device, args, kernels)
+                per_batch.append({"pages": blocks, "ms_per_call": ms, "ms_per_page": ms / blocks})
+                del x
+            prompt = torch.randn(1, prompt_tokens, s.t_hidden, device=device, dtype=dtype)
+            p_rope = rope_for(mode, *angles(prompt_tokens, s.head_dim, device, dtype), kernel,
+                              heads)  # fmt: skip
+            prefill = stage(lambda x=prompt, r=p_rope: text(x, r), device, args, kernels)
+            best = min(per_batch, key=lambda row: row["ms_per_page"])
+            sizes[visual] = {"visual_tokens": visual, "patches": patches,
+                             "encoder_per_batch": per_batch, "encoder_ms": best["ms_per_page"],
+                             "best_batch": best["pages"], "prefill_ms": prefill,
+                             "tflop": encoder_tflop(s, patches)}  # fmt: skip
+        context = round(sum(mix) / len(mix)) + args.text_tokens + args.output_tokens // 2
+        caches = [
+            (torch.randn(args.batch, s.t_kv_heads, context, s.head_dim, device=device, dtype=dtype),
+             torch.randn(args.batch, s.t_kv_heads, context, s.head_dim, device=device, dtype=dtype))
+            for _ in range(s.t_layers)
+        ]  # fmt: skip
+        step = torch.randn(args.batch, 1, s.t_hidden, device=device, dtype=dtype)
+        last = angles(context, s.head_dim, device, dtype)
+        d_rope = rope_for(mode, last[0][-1:], last[1][-1:], kernel, heads)
+        decode = stage(lambda: text(step, d_rope, caches), device, args, kernels)
+    attention = (
+        "sdpa (cpu)" if device.type != "cuda" else "sdpa, best of " + ",".join(args.backends)
+    )
+    encoder_ms = sum(sizes[v]["encoder_ms"] for v in mix)
+    prefill_ms = sum(sizes[v]["prefill_ms"] for v in mix)
+    decode_per_page = decode * args.output_tokens * len(mix) / args.batch
+    floor = encoder_ms + prefill_ms + decode_per_page
+    tflop = sum(sizes[v]["tflop"] for v in mix)
+    per_batch = [{"pages": b, "ms_per_page": sum(
+        next(r["ms_per_page"] for r in sizes[v]["encoder_per_batch"] if r["pages"] == b)
+        for v in mix)} for b in args.encoder_batches]  # fmt: skip
+    return {
+        "mix": {"blocks": mix, "sizes": list(sizes.values())},
+        "encoder": {"per_batch": per_batch, "ms_per_page": encoder_ms,
+                    "best_batch": "per block size", "tflop_per_page": tflop,
+                    "tflop_per_s": tflop / encoder_ms * 1000},
+        "prefill_ms_per_page": prefill_ms,
+        "decode": {"batch": args.batch, "context": context, "step_ms": decode,
+                   "ms_per_page": decode_per_page},
+        "floor_ms_per_page": floor,
+        "floor_pages_per_s": 1000 / floor,
+        "attention": attention,
+        "kernels_ms": kernels.get("stages", []),
+        "dtype": str(dtype).removeprefix("torch."),
+    }  # fmt: skip
+
+
 def rotary_check(
     s: Shapes, page: Page, device: torch.device, kernel: InPlace, dtype: torch.dtype | None = None
 ) -> dict[str, float]:
@@ -207,7 +282,8 @@ def parser() -> argparse.ArgumentParser:
     size.add_argument("--visual-tokens", type=int, default=1280)
     size.add_argument("--pixels", help="WxH of the page image, resized as the model does")
     options.add_argument("--text-tokens", type=int, default=TEXT_TOKENS, help="prompt beside it")
-    options.add_argument("--output-tokens", type=int, default=256)
+    options.add_argument("--output-tokens", type=int, default=256, help="per page (per block)")
+    options.add_argument("--mix", help="a page read as blocks: each one's visual tokens (a,b,…)")
     options.add_argument("--batch", type=int, default=256, help="sequences per decode step")
     options.add_argument("--encoder-batches", default="1,2,4,8", help="pages per encoder call")
     options.add_argument("--config", type=Path, default=CONFIG, help="the model's config.json")
@@ -246,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     args.graphs = args.graphs and device.type == "cuda"
     shapes = Shapes.read(args.config)
     page = page_of(shapes, args)
+    mix = [int(tokens) for tokens in args.mix.split(",")] if args.mix else []
+    if mix:  # the page as its blocks: their tokens summed, an answer of output tokens each
+        page = Page(sum(mix), sum(mix) * shapes.merge**2, sum(mix) + len(mix) * args.text_tokens,
+                    args.output_tokens * len(mix))  # fmt: skip
     models = build(shapes, device)
     kernel, fused_name = fused_kernel(device) if "fused" in modes else (None, "")
     finite = True
@@ -261,7 +341,11 @@ def main(argv: list[str] | None = None) -> int:
             "cuda_graphs": args.graphs,
             "rotary": mode,
             "rotary_kernel": fused_name if mode == "fused" else KERNELS[mode],
-        } | measure(models, shapes, page, args, device=device, mode=mode, kernel=kernel)
+        } | (
+            measure_mix(models, shapes, mix, args, device=device, mode=mode, kernel=kernel)
+            if mix
+            else measure(models, shapes, page, args, device=device, mode=mode, kernel=kernel)
+        )
         if mode == "fused" and kernel is not None:
             report["rotary_check"] = rotary_check(shapes, page, device, kernel)
         text = json.dumps(report, indent=1) + "\n"

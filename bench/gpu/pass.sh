@@ -7,6 +7,13 @@
 #   bash bench/gpu/pass.sh ready pair tokens closed stock closed plugin tail closed plugin
 #   bash bench/gpu/pass.sh closed stock down pair up default ready default closed default 512 tail
 #   bash bench/gpu/pass.sh ready layout-shipped closed layout-shipped 64 report STEM
+# The eleventh (issue 36: the document path, the layout service; PLAN.md's eleventh pass):
+#   bash bench/gpu/pass.sh receive 34 install prepare floor-doc up default
+#   bash bench/gpu/pass.sh ready default up docgw ready docgw closed doc-on 256 closed doc-off 256
+#   bash bench/gpu/pass.sh closed doc-real 256 closed layout-shipped 64 tail down default
+#   bash bench/gpu/pass.sh up layout-compiled ready layout-compiled closed layout-compiled 64 tail
+#       down layout-compiled up layout-expandable ready layout-expandable
+#       closed layout-expandable 64 down layout-expandable docreport STEM
 #
 # Any stage may begin a call: the host's environment is loaded before the first one, and the
 # files a stage needs that a call's tree lacks (the pair's profile) are made again.
@@ -15,6 +22,9 @@
 #   install            vLLM 0.32 + the plugin + the layout service (host/install.sh), .whl, py-spy
 #   prepare            the full-size random checkpoints (PaddleOCR-VL, PP-DocLayoutV3), corpus
 #   floor              bench.gpu.floor's three lines (rotary unfused, fused, none), vLLM's torch
+#   floor-doc          the document path's two floors (DOC_ROTARY, unfused: vLLM's own class):
+#                      the corpus's blocks (bench.gpu.docpages mix, DOC_TOKENS output tokens
+#                      each) and its whole page (DOC_TOKENS x the blocks sent), into RES/floor-doc
 #   check              bench.gpu.encoder_check (the plugin's encoder against vLLM's), CHECK_S cap
 #   up|ready|down L    start (setsid: it outlives the call while the host is held), wait for,
 #                      stop layout L (SIGTERM to serve.sh, whose trap stops what it started;
@@ -24,6 +34,7 @@
 #   open L [RATE|auto] [tail]  one open-loop window, Poisson; auto: OPEN_FRACTION x the slower
 #                      pair layout's closed-loop pages/s (the same rate for every layout)
 #   report STEM        bench.gpu.pass_report into $OUT/STEM.md and .json
+#   docreport STEM     bench.gpu.doc_report (the eleventh pass's) into $OUT/STEM.md and .json
 #   preflight          (here, not on the host) what each planned call carries, under 63 MiB
 # `tail`: TAIL_S s more load past the window under py-spy (watch.sh), outside its figures.
 #
@@ -33,7 +44,13 @@
 # starts it: the profile's engines, the layout service beside them, plugin on; DEFAULT_ENGINES,
 # DEFAULT_TOGETHER, DEFAULT_LAYOUT override; DEFAULT_KV=BYTES replaces the memory plan's KV per
 # engine, the fallback should it not fit), `layout-shipped` (the layout service `default`
-# started), `layout` / `layout-compiled` (the layout service alone, with --compile).
+# started), `layout` / `layout-compiled` / `layout-expandable` (the layout service alone; with
+# --compile; with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), `docgw` (a second gateway in
+# front of the default's engines whose layout service is a stand-in, bench.gpu.layout_standin:
+# the document corpus's fixed boxes). Document windows: `doc-on` / `doc-off` (/v1/ocr at docgw,
+# layout on / off), `doc-real` (the same as doc-on, the stand-in forwarding every page to the real
+# layout service the default started and answering once it has: the real model's work in the
+# path, the corpus's blocks read; random weights find no box on a page).
 #
 # Windows (bench.gpu.steady, bench/gpu/method.py): >= WINDOW s and >= LATENCIES mean latencies;
 # a load that cannot end before DEADLINE s into this call is skipped, so the call never outlives
@@ -62,6 +79,10 @@ WINDOW=${WINDOW:-120} LATENCIES=${LATENCIES:-10} RAMP=${RAMP:-10} C=${C:-256} MA
 TAIL_S=${TAIL_S:-12} CORPUS=${CORPUS:-1000} READY_S=${READY_S:-480} MAX_TOKENS=${MAX_TOKENS:-256}
 DEADLINE=${DEADLINE:-575}  # s into this call after which nothing new starts (the call's limit: 590)
 OPEN_FRACTION=${OPEN_FRACTION:-0.8}
+# the document path (the eleventh pass): output tokens per block (a page read whole gets this
+# times the blocks the corpus's page is read in: the same text either way), pages drawn, the key
+# serve.sh gives vLLM (known, so docgw's gateway can call the default's engines too)
+DOC_TOKENS=${DOC_TOKENS:-64} DOC_CORPUS=${DOC_CORPUS:-100} BACKEND_KEY=sk-backend-pass
 LAYOUT_DIR=$WORK/pp-doclayout-v3-full
 # SERVE_SH: the serve.sh that starts every layout (default scripts/serve.sh); a pass that must
 # not see a file being edited between its calls carries a rehearsed copy (PLAN.md §4)
@@ -108,8 +129,9 @@ ports() {  # LAYOUT -> "first-engine-port gateway-port"
   case $1 in
   stock | default) echo $((PORTS + 8118)) $((PORTS + 8000)) ;;
   plugin) echo $((PORTS + 8128)) $((PORTS + 8010)) ;;
-  layout | layout-compiled) echo 0 $((PORTS + 8310)) ;;
+  layout | layout-compiled | layout-expandable) echo 0 $((PORTS + 8310)) ;;
   layout-shipped) echo 0 $((PORTS + 8300)) ;;  # the one scripts/serve.sh starts beside `default`
+  docgw | doc-on | doc-off | doc-real) echo 0 $((PORTS + 8020)) ;;  # its stand-in: PORTS + 8320
   *) echo "unknown layout $1" >&2; return 1 ;;
   esac
 }
@@ -130,17 +152,33 @@ up_one() {  # start LAYOUT in a session of its own; its pid in WORK/serve-LAYOUT
     local profile=$GPU_PROFILE
     [ -z "${DEFAULT_KV:-}" ] || { default_profile && profile=pass-default; } || return 1
     env+=(PROFILE="$profile" LAYOUT="${DEFAULT_LAYOUT:-on}" LAYOUT_PORT=$((PORTS + 8300))
+          OCRVL_BACKEND_API_KEY=$BACKEND_KEY
           ${DEFAULT_ENGINES:+ENGINES=$DEFAULT_ENGINES} ${DEFAULT_TOGETHER:+TOGETHER=1})
     [ -n "${PASS_REHEARSAL:-}" ] || env+=(LAYOUT_MODEL="$LAYOUT_DIR") ;;
-  layout | layout-compiled)
+  layout | layout-compiled | layout-expandable)
     dir=$WORK/$name && rm -rf "$dir" && mkdir -p "$dir"
     local device=cuda; [ -n "${PASS_REHEARSAL:-}" ] && device=cpu
     local compile=""; [ "$name" = layout-compiled ] && compile=--compile
-    env OCRVL_LAYOUT_LOG_LEVEL=warning setsid bash -c 'echo $$ > "$0/pid"; exec "$@"' \
+    local alloc=${PYTORCH_CUDA_ALLOC_CONF:-}
+    [ "$name" = layout-expandable ] && alloc=expandable_segments:True
+    env OCRVL_LAYOUT_LOG_LEVEL=warning ${alloc:+PYTORCH_CUDA_ALLOC_CONF=$alloc} \
+      setsid bash -c 'echo $$ > "$0/pid"; exec "$@"' \
       "$dir" "$ENGINE_PY" -m ocrvl_layout --model "$LAYOUT_DIR" --device "$device" \
       --port "$gateway" --max-batch "${LAYOUT_BATCH:-32}" --max-wait-ms "${LAYOUT_WAIT_MS:-10}" \
       $compile >"$dir/layout.log" 2>&1 </dev/null &
-    echo "up: $name (layout service) starting on $gateway"; return 0 ;;
+    echo "up: $name (layout service${alloc:+, $alloc}) starting on $gateway"; return 0 ;;
+  docgw)  # the stand-in layout service and a gateway in front of the default's engines, one
+    # process group: the gateway's pid in DIR/pid, the stand-in its child
+    local backends standin=$((PORTS + 8320))
+    backends=$(sed -n 's/.*gateway: OCRVL_BACKENDS=\([^ ]*\) .*/\1/p' "$WORK/serve-default/serve.log")
+    [ -n "$backends" ] || { echo "up: docgw needs the default's engines (ready default)" >&2; return 1; }
+    env OCRVL_BACKENDS="$backends" OCRVL_BACKEND_API_KEY=$BACKEND_KEY OCRVL_LOG_LEVEL=warning \
+      OCRVL_LAYOUT_URL="http://127.0.0.1:$standin" setsid bash -c \
+      'echo $$ > "$0/pid"; "$1" -m bench.gpu.layout_standin --port "$2" >"$0/standin.log" 2>&1 &
+       exec "$1" -m app.cli serve --port "$3"' "$dir" "$PY" "$standin" "$gateway" \
+      >"$dir/serve.log" 2>&1 </dev/null &
+    echo "up: docgw: the stand-in on $standin, a gateway on $gateway in front of $backends"
+    return 0 ;;
   esac
   env "${env[@]}" setsid bash -c 'echo $$ > "$0/pid"; exec bash "$1"' "$dir" "$SERVE_SH" \
     >"$dir/serve.log" 2>&1 </dev/null &
@@ -149,7 +187,7 @@ up_one() {  # start LAYOUT in a session of its own; its pid in WORK/serve-LAYOUT
 
 home_of() {  # the folder of LAYOUT's pid and logs
   [ "$1" = layout-shipped ] && set -- default
-  case $1 in layout | layout-compiled) echo "$WORK/$1" ;; *) echo "$WORK/serve-$1" ;; esac
+  case $1 in layout | layout-compiled | layout-expandable) echo "$WORK/$1" ;; *) echo "$WORK/serve-$1" ;; esac
 }
 
 pid_of() { cat "$(home_of "$1")/pid" 2>/dev/null; }
@@ -205,9 +243,20 @@ next_run() {  # NN for the next window's files
 load() {  # LAYOUT closed|open VALUE: one steady window at the layout's gateway
   local name=$1 loop=$2 value=$3 gateway run api=chat tail=()
   read -r _ gateway < <(ports "$name")
-  local -a metrics=(--metrics "http://127.0.0.1:$gateway/metrics")
+  local -a metrics=(--metrics "http://127.0.0.1:$gateway/metrics") doc=()
+  local corpus=$CORPUS tokens=$MAX_TOKENS
   case $name in
   layout*) api=layout ;;  # the service's own /metrics: its batch sizes and ms per page
+  doc-*)  # /v1/ocr at docgw: the default's engines, the stand-in (doc-real: forwarding)
+    api=ocr corpus=$DOC_CORPUS tokens=$DOC_TOKENS
+    local blocks; blocks=$($PY -m bench.gpu.docpages mix --pages 1 | tr ',' '\n' | wc -l)
+    case $name in
+    doc-off) doc=(--layout off); tokens=$((DOC_TOKENS * blocks)) ;;
+    doc-on) doc=(--layout on) ;;
+    doc-real) doc=(--layout on); metrics+=(--metrics "http://127.0.0.1:$((PORTS + 8300))/metrics") ;;
+    esac
+    while read -r url; do [ -n "$url" ] && metrics+=(--metrics "$url/metrics"); done \
+      <"$WORK/serve-default/engines" ;;
   *) while read -r url; do [ -n "$url" ] && metrics+=(--metrics "$url/metrics"); done \
        <"$WORK/serve-$name/engines" ;;
   esac
@@ -222,10 +271,24 @@ load() {  # LAYOUT closed|open VALUE: one steady window at the layout's gateway
     echo "=== load $run skipped: $cap s left before this call's deadline"; return 0
   fi
   echo "=== load $run $(date -u +%T) (at most $cap s)"
+  [ "$name" != doc-real ] || standin forward "\"http://127.0.0.1:$((PORTS + 8300))\""
   $PY -m bench.gpu.steady "http://127.0.0.1:$gateway" --api "$api" --name "$run" --out "$RES" \
     --key "$KEY" "$@" --window "$WINDOW" --latencies "$LATENCIES" --max-seconds "$cap" \
-    --corpus "$CORPUS" --max-tokens "$MAX_TOKENS" "${metrics[@]}" "${tail[@]}" \
+    --corpus "$corpus" --max-tokens "$tokens" "${doc[@]}" "${metrics[@]}" "${tail[@]}" \
     || echo "load $run: not steady or had errors"
+  if [ "$name" = doc-real ]; then
+    standin forwarded >"$RES/$run.forwarded.json"; cat "$RES/$run.forwarded.json"
+    standin forward null
+  fi
+}
+
+standin() {  # forward URL-JSON | forwarded: docgw's stand-in's own switch and count
+  $PY - "http://127.0.0.1:$((PORTS + 8320))/bench/$1" "${2:-}" <<'EOF'
+import sys, urllib.request
+url, value = sys.argv[1], sys.argv[2]
+data = ('{"url": %s}' % value).encode() if value else None
+print(urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=10).read().decode())
+EOF
 }
 
 pair_profile() {  # vllm_configs/pass-pair.yaml (until `down pair`): the profile, 16 GiB KV each
@@ -280,7 +343,24 @@ while [ $# -gt 0 ]; do
       $ENGINE_PY -m bench.gpu.layouts prepare || exit 1
     fi
     [ -f "$LAYOUT_DIR/config.json" ] || $ENGINE_PY -m bench.gpu.layout_checkpoint "$LAYOUT_DIR"
-    $PY -c "from app.bench.corpus import synthetic; print(len(synthetic($CORPUS)), 'pages')" ;;
+    # the chat corpus (PREPARE_CORPUS=0: none, the document corpus is drawn by each window)
+    [ "${PREPARE_CORPUS:-1}" = 0 ] \
+      || $PY -c "from app.bench.corpus import synthetic; print(len(synthetic($CORPUS)), 'pages')" ;;
+  floor-doc)  # the document path's floors: its blocks, and its page read whole
+    mix=$($PY -m bench.gpu.docpages mix) || exit 1
+    blocks=$(tr ',' '\n' <<<"$mix" | wc -l)
+    if [ -n "${PASS_REHEARSAL:-}" ]; then
+      doc_args=(--config .cache/tiny-model/config.json --batch 8 --repeat 2 --device cpu)
+    else
+      doc_args=(--backends "${FLOOR_BACKENDS:-cudnn,flash}")
+    fi
+    echo "floor-doc: blocks $mix, $DOC_TOKENS output tokens each; the page whole: $((DOC_TOKENS * blocks))"
+    $ENGINE_PY -m bench.gpu.floor --rotary "${DOC_ROTARY:-unfused}" --mix "$mix" \
+      --output-tokens "$DOC_TOKENS" --encoder-batches "${DOC_BATCHES:-8}" "${doc_args[@]}" \
+      --out "$RES/floor-doc/blocks" || echo "floor-doc (blocks) failed"
+    $ENGINE_PY -m bench.gpu.floor --rotary "${DOC_ROTARY:-unfused}" --pixels 1240x1754 \
+      --output-tokens $((DOC_TOKENS * blocks)) --encoder-batches 1,4 "${doc_args[@]}" \
+      --out "$RES/floor-doc/page" || echo "floor-doc (page) failed" ;;
   floor)
     if [ -n "${PASS_REHEARSAL:-}" ]; then
       floor_args=(--config .cache/tiny-model/config.json --visual-tokens 64 --output-tokens 16
@@ -329,6 +409,8 @@ while [ $# -gt 0 ]; do
     load "$name" open "$rate" ;;
   report)
     $PY -m bench.gpu.pass_report report "$RES" --out "$out" --stem "${1:?report STEM}"; shift ;;
+  docreport)
+    $PY -m bench.gpu.doc_report "$RES" --out "$out" --stem "${1:?docreport STEM}"; shift ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
   collect  # after every stage: a call its limit kills (no EXIT trap then) returns the stages done

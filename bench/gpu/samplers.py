@@ -31,6 +31,7 @@ KEEP = re.compile(
 )
 SUCCESS = re.compile(r"^vllm:request_success_total(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
 GPU_QUERY = "timestamp,index,utilization.gpu,memory.used"
+APPS_QUERY = "timestamp,pid,process_name,used_memory"  # each process's memory on the GPU
 
 
 def kept(text: str) -> str:
@@ -103,20 +104,51 @@ def engine_window(path: Path, start: float, end: float) -> dict[str, Any] | None
 
 
 @contextlib.contextmanager
-def gpu(path: Path) -> Iterator[bool]:
-    """nvidia-smi every second into `path` while the block runs; yields whether it runs."""
-    command = ["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits",
-               "-lms", "1000"]  # fmt: skip
+def gpu(path: Path, apps: Path | None = None) -> Iterator[bool]:
+    """nvidia-smi every second into `path` (and each compute process's memory into `apps`)
+    while the block runs; yields whether it runs."""
     if shutil.which("nvidia-smi") is None:  # no GPU (the CPU rehearsal)
         yield False
         return
-    with path.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL)
+    queries = [(path, f"--query-gpu={GPU_QUERY}")]
+    if apps is not None:
+        queries.append((apps, f"--query-compute-apps={APPS_QUERY}"))
+    processes = []
+    for file, query in queries:
+        with file.open("wb") as out:
+            processes.append(subprocess.Popen(
+                ["nvidia-smi", query, "--format=csv,noheader,nounits", "-lms", "1000"],
+                stdout=out, stderr=subprocess.DEVNULL))  # fmt: skip
     try:
         yield True
     finally:
-        process.terminate()
-        process.wait()
+        for process in processes:
+            process.terminate()
+            process.wait()
+
+
+def apps_window(path: Path, began_epoch: float, start: float, end: float) -> dict[str, Any] | None:
+    """Each GPU process's memory (MiB) over [start, end] from nvidia-smi's compute-apps rows:
+    its name, the first, the last and the most seen; None without rows."""
+    if not path.exists():
+        return None
+    seen: dict[str, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) != 4 or not cells[3].isdigit():
+            continue
+        try:
+            stamp = datetime.strptime(cells[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+        except ValueError:
+            continue
+        if not start <= stamp - began_epoch <= end:
+            continue
+        mib = float(cells[3])
+        one = seen.setdefault(cells[1], {"name": cells[2], "samples": 0, "first_mib": mib})
+        one["samples"] += 1
+        one["last_mib"] = mib
+        one["max_mib"] = max(one.get("max_mib", mib), mib)
+    return seen or None
 
 
 def gpu_window(path: Path, began_epoch: float, start: float, end: float) -> dict[str, Any] | None:
@@ -147,13 +179,20 @@ LAYOUT = re.compile(
 )
 
 
+MEMORY = re.compile(r'^ocrvl_layout_gpu_memory_bytes\{kind="([a-z_]+)"\} ([0-9.eE+-]+)$')
+MEMORY_KINDS = ("allocated", "max_allocated", "reserved", "max_reserved")
+
+
 def _layout_values(text: str) -> dict[str, float]:
-    """The layout service's histogram sums, counts and buckets as flat keys."""
+    """The layout service's histogram sums, counts and buckets, and its GPU memory gauges, as
+    flat keys."""
     values = {}
     for line in text.splitlines():
         if match := LAYOUT.match(line):
             name, le, part, value = match.groups()
             values[f"{name}:{le or part or ''}"] = float(value)
+        elif match := MEMORY.match(line):
+            values[f"ocrvl_layout_gpu_memory_bytes:{match[1]}"] = float(match[2])
     return values
 
 
@@ -185,6 +224,7 @@ def layout_window(path: Path, start: float, end: float) -> dict[str, Any] | None
     histogram = {f"<= {le:g}": n - (cumulative[i - 1][1] if i else 0.0)
                  for i, (le, n) in enumerate(cumulative)}  # fmt: skip
     waits = delta("ocrvl_layout_queue_wait_seconds:count")
+    memory = [s[1] for s in samples if start <= s[0] <= end]
     return {
         "seconds": until[-1][0] - before[-1][0],
         "forward_passes": passes,
@@ -197,4 +237,12 @@ def layout_window(path: Path, start: float, end: float) -> dict[str, Any] | None
         "queue_wait_ms_mean": 1000 * delta("ocrvl_layout_queue_wait_seconds:sum") / waits
         if waits
         else None,
+        # torch's own account of the service's GPU memory (ocrvl_layout_gpu_memory_bytes), the
+        # most seen over the window: allocated, max_allocated, reserved, max_reserved (MiB)
+        "torch_memory_mib": {
+            kind: max(m[key] for m in memory if key in m) / 2**20
+            for kind in MEMORY_KINDS
+            if any((key := f"ocrvl_layout_gpu_memory_bytes:{kind}") in m for m in memory)
+        }
+        or None,
     }

@@ -1,27 +1,30 @@
 """Load one endpoint for a steady window, closed or open loop, and keep every request's times.
 
-    python3 -m bench.gpu.steady URL --name NAME --out DIR [--api chat|layout]
+    python3 -m bench.gpu.steady URL --name NAME --out DIR [--api chat|layout|ocr [--layout on]]
         (--concurrency C [--ramp 10] | --rate R) [--window 120] [--latencies 10]
         [--max-seconds 330] [--metrics URL ...] [--corpus 2000] [--max-tokens 256]
         [--tail-seconds 12 --tail-command CMD]
 
 The load is `ocrvl bench sweep`'s (app/bench/load.py: PaddleOCR's chat body around a synthetic
 A4 page, 256 output tokens forced by `ignore_eos`, one HTTP client and connection per request
-in flight), or with `--api layout` one page per `POST /v1/layout` (bench/gpu/apis.py); the
-window and its figures follow `bench.gpu.method`. Closed loop: C clients started evenly over
-the ramp, each sending its next page when its answer is in. Open loop: Poisson
-arrivals at R pages/s, each on a client of its own. The window is decided online and the load
-then stops (requests still in flight are cancelled, so the engine aborts them; they are kept as
-`cancelled`). With a tail, the load goes on `--tail-seconds` past the window while
-`--tail-command` runs (bench/gpu/watch.sh's py-spy capture): outside the window, so the
-profiler never touches a figure.
+in flight), or with `--api layout` one page per `POST /v1/layout`, or with `--api ocr` one
+page of the document corpus (bench/gpu/docpages.py: seven realistic blocks at fixed places) per
+`POST /v1/ocr` with `layout` `--layout` and `max_tokens` `--max-tokens` (per block with a layout,
+per page without; bench/gpu/apis.py); the window and its figures follow `bench.gpu.method`.
+Closed loop: C clients started evenly over the ramp, each sending its next page when its answer
+is in. Open loop: Poisson arrivals at R pages/s, each on a client of its own. The window is
+decided online and the load then stops (requests still in flight are cancelled, so the engine
+aborts them; they are kept as `cancelled`). With a tail, the load goes on `--tail-seconds` past
+the window while `--tail-command` runs (bench/gpu/watch.sh's py-spy capture): outside the
+window, so the profiler never touches a figure.
 
 Pages are drawn in a seeded order and cycled: the GPU profiles turn the prefix cache and the
 multimodal processor cache off, so a page sent twice costs what it did the first time.
 
 Writes DIR/NAME.requests.csv (every request: client, start, end, status, tokens; seconds from
 the load's start), NAME.metrics.jsonl (every /metrics URL every 2 s), NAME.gpu.csv
-(nvidia-smi every second, where there is one) and NAME.json (settings, the window's figures,
+(nvidia-smi every second, where there is one), NAME.apps.csv (each GPU process's memory, the
+same) and NAME.json (settings, the window's figures,
 vLLM's own count and phases over it, GPU busy, the load generator's CPU and lateness).
 """
 
@@ -45,7 +48,7 @@ import httpx
 from app.bench.corpus import Page, synthetic
 from app.bench.load import Shape, Target, auth
 from app.bench.stats import spread
-from bench.gpu import apis, method, samplers
+from bench.gpu import apis, docpages, method, samplers
 
 TICK = 0.05  # seconds between looks at the event loop's lateness (app/bench/load.py's LAG_TICK)
 
@@ -67,7 +70,14 @@ class Load:
         self.args, self.target = args, target
         self.pages = cycled(pages, args.seed)
         shape = Shape(max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
-        self.send = apis.layout(target) if args.api == "layout" else apis.chat(target, shape)
+        self.counts = apis.OcrCounts()
+        if args.api == "layout":
+            self.send = apis.layout(target)
+        elif args.api == "ocr":
+            self.send = apis.ocr(target, layout=args.layout, max_tokens=args.max_tokens,
+                                 counts=self.counts)  # fmt: skip
+        else:
+            self.send = apis.chat(target, shape)
         self.records: list[method.Record] = []
         self.flying: dict[int, tuple[int, float]] = {}  # id: (client, start)
         self.began = time.perf_counter()
@@ -185,6 +195,25 @@ async def model_of(url: str, key: str) -> str:
         return str(reply.json()["data"][0]["id"])
 
 
+def ocr_window(load: Load, start: float, end: float) -> dict[str, Any]:
+    """What the `/v1/ocr` answers of requests started in [start, end] said: blocks read per
+    page, prompt tokens per page (visual + text, summed over its blocks), the answers' `layout`
+    (a fallback to whole pages shows here) and the pages' error codes."""
+    counts = load.counts
+
+    def inside(pairs: list[tuple[float, int]]) -> list[float]:
+        return [float(n) for at, n in pairs if start <= at - load.began <= end]
+
+    blocks, prompts = inside(counts.blocks), inside(counts.prompt_tokens)
+    return {
+        "pages": len(blocks),
+        "blocks_per_page": spread(blocks) if blocks else None,
+        "prompt_tokens_per_page": spread(prompts) if prompts else None,
+        "layouts": dict(counts.layouts),
+        "page_errors": dict(counts.errors),
+    }
+
+
 def write_records(path: Path, records: list[method.Record]) -> None:
     with path.open("w", newline="") as out:
         rows = csv.writer(out)
@@ -209,7 +238,8 @@ async def measure(args: argparse.Namespace, pages: list[Page]) -> dict[str, Any]
     load = Load(args, Target(name, args.url, args.key, model), pages)
     began_epoch = time.time()
     metrics_path, gpu_path = out / f"{name}.metrics.jsonl", out / f"{name}.gpu.csv"
-    with samplers.gpu(gpu_path) as has_gpu:
+    apps_path = out / f"{name}.apps.csv"
+    with samplers.gpu(gpu_path, apps_path) as has_gpu:
         async with samplers.sampling(args.metrics, args.metrics_interval, load.began, metrics_path):
             await load.run()
     assert load.window is not None  # noqa: S101 (run() returns once control() decided it)
@@ -236,14 +266,18 @@ async def measure(args: argparse.Namespace, pages: list[Page]) -> dict[str, Any]
         "figures": figures,
         "engine": samplers.engine_window(metrics_path, start, end),
         "layout_service": samplers.layout_window(metrics_path, start, end)
-        if args.api == "layout"
+        if args.api in ("layout", "ocr")
         else None,
+        "ocr": ocr_window(load, start, end) if args.api == "ocr" else None,
         "gpu": samplers.gpu_window(gpu_path, began_epoch, start, end) if has_gpu else None,
+        "gpu_processes": samplers.apps_window(apps_path, began_epoch, start, end)
+        if has_gpu
+        else None,
         "load_generator": {"cpu_s_in_window": load.cpu[1] - load.cpu[0],
                            "loop_lag_s": spread(load.lags)},
         "requests": len(load.records),
-        "files": [p.name for p in (out / f"{name}.requests.csv", metrics_path, gpu_path)
-                  if p.exists()],
+        "files": [p.name for p in (out / f"{name}.requests.csv", metrics_path, gpu_path,
+                                   apps_path) if p.exists()],
     }  # fmt: skip
     (out / f"{name}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     return report
@@ -263,7 +297,8 @@ def line(report: dict[str, Any]) -> str:
 def parser() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(prog="python3 -m bench.gpu.steady")
     options.add_argument("url", help="base URL (the gateway's, an engine's, the layout service's)")
-    options.add_argument("--api", choices=("chat", "layout"), default="chat")
+    options.add_argument("--api", choices=("chat", "layout", "ocr"), default="chat")
+    options.add_argument("--layout", choices=("on", "off"), default="on", help="--api ocr's")
     options.add_argument("--name", required=True)
     options.add_argument("--out", type=Path, required=True)
     loop = options.add_mutually_exclusive_group(required=True)
@@ -291,7 +326,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The command line: one steady window; exit 1 when it was not steady or had errors."""
     args = parser().parse_args(argv)
-    pages = synthetic(args.corpus)
+    pages = docpages.corpus(args.corpus) if args.api == "ocr" else synthetic(args.corpus)
     report = asyncio.run(measure(args, pages))
     print(line(report), flush=True)
     figures = report["figures"]

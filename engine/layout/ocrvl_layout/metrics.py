@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ocrvl_layout.model import gpu_memory
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 PAGE_BUCKETS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024)
 OUTCOMES = ("ok", "invalid", "overloaded", "not_ready", "error")
+
+
+class GpuMemory(Collector):
+    """`ocrvl_layout_gpu_memory_bytes{kind}`: torch's allocator on the service's GPU, read at
+    each scrape (ocrvl_layout.model.gpu_memory); no samples on a CPU."""
+
+    def __init__(self, read: Callable[[], dict[str, int]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "ocrvl_layout_gpu_memory_bytes",
+            "torch's CUDA allocator in this process: allocated, max_allocated, reserved, "
+            "max_reserved (the CUDA context is in none of them).",
+            labels=["kind"],
+        )
+        for kind, value in self.read().items():
+            family.add_metric([kind], float(value))
+        yield family
 
 
 class Metrics:
@@ -56,3 +81,4 @@ class Metrics:
             "ocrvl_layout_queue_pages", "Pages waiting for a forward pass.", registry=r
         )
         self.ready = Gauge("ocrvl_layout_ready", "1 once the model is loaded and warm.", registry=r)
+        r.register(GpuMemory(gpu_memory))

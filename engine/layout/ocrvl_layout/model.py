@@ -28,6 +28,22 @@ PADDLEX_LABELS = (
 )  # fmt: skip
 
 
+def gpu_memory() -> dict[str, int]:
+    """torch's CUDA caching allocator on this process's current device, in bytes: what tensors
+    hold now (`allocated`) and at most since the start (`max_allocated`), what the allocator
+    holds from the driver now and at most (`reserved`, `max_reserved`); empty before CUDA is
+    initialised (the CPU, or a GPU model still loading). The CUDA context itself is in neither:
+    nvidia-smi's per-process memory is reserved plus the context."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {
+        "allocated": torch.cuda.memory_allocated(),
+        "max_allocated": torch.cuda.max_memory_allocated(),
+        "reserved": torch.cuda.memory_reserved(),
+        "max_reserved": torch.cuda.max_memory_reserved(),
+    }
+
+
 class CheckpointError(RuntimeError):
     """The folder is not a PP-DocLayoutV3 checkpoint transformers can load."""
 

@@ -88,6 +88,29 @@ def test_the_floor_is_encoder_plus_prefill_plus_a_share_of_the_decode_steps(
     assert report["floor_pages_per_s"] == pytest.approx(1000 / floor_ms)
 
 
+def test_a_page_read_as_blocks_sums_each_block_s_encoder_and_prefill(tmp_path: Path) -> None:
+    """--mix 16,32,16: the page is three blocks, each size timed once; floor = the blocks'
+    encoder and prefill summed + decode step x output tokens x 3 / batch; the page's tokens
+    are the blocks'."""
+    argv = ["--config", str(shrunk_config(tmp_path)), "--mix", "16,32,16", "--output-tokens",
+            "4", "--batch", "4", "--encoder-batches", "1,2", "--repeat", "2", "--device", "cpu",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert floor.main(argv) == 0
+    report = json.loads((tmp_path / "floor.json").read_text())
+    sizes = {row["visual_tokens"]: row for row in report["mix"]["sizes"]}
+    assert sorted(sizes) == [16, 32]
+    assert report["mix"]["blocks"] == [16, 32, 16]
+    assert report["page"]["visual_tokens"] == 64
+    assert report["page"]["output_tokens"] == 12
+    encoder = sum(sizes[v]["encoder_ms"] for v in (16, 32, 16))
+    prefill = sum(sizes[v]["prefill_ms"] for v in (16, 32, 16))
+    assert report["encoder"]["ms_per_page"] == pytest.approx(encoder)
+    assert report["prefill_ms_per_page"] == pytest.approx(prefill)
+    decode = report["decode"]
+    assert decode["ms_per_page"] == pytest.approx(decode["step_ms"] * 4 * 3 / 4)
+    assert report["floor_ms_per_page"] == pytest.approx(encoder + prefill + decode["ms_per_page"])
+
+
 def test_a_page_given_in_pixels_gets_the_model_s_resize() -> None:
     """1240x1754 pixels resize (max 1,003,520 pixels, factor 28) to 840x1176: 30 x 42 tokens."""
     shapes = floor.Shapes.read(floor.CONFIG)
