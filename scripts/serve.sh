@@ -230,6 +230,10 @@ stop() {
     signal_all KILL
   fi
   wait 2>/dev/null || true
+  # a killed engine's own children (EngineCore) are reaped by init once they have let go of
+  # their memory: "stopped" means none is left, so wait for that too (a few seconds at most)
+  deadline=$((SECONDS + stop_grace))
+  while alive && ((SECONDS < deadline)); do sleep 0.1; done
   stop_mps
 }
 # Ctrl-C or SIGTERM is the way to stop: everything stopped, exit 0. Any other end (a process
