@@ -25,10 +25,10 @@ from app.documents.blocks import Box
 from app.documents.errors import DocumentError
 from app.documents.layout_options import LayoutOptions
 from app.documents.layouts import LayoutService
-from app.documents.parsing import BLOCK_MAX_TOKENS, Pipeline, parse_page
+from app.documents.parsing import BLOCK_MAX_TOKENS, Pipeline, parse_page, read_block
 from app.documents.raster import RenderedPage, Source
 from app.documents.workers import Preprocessor
-from app.errors import ClientClosed, GatewayError, UpstreamError
+from app.errors import ClientClosed, GatewayError
 from app.guard import until_disconnected
 from app.proxy import Relay
 
@@ -228,14 +228,7 @@ def page_max_tokens(job: OcrJob) -> int:
 
 def read_answer(number: int, body: bytes, task: str) -> PageResult:
     """The page's text (a table also as HTML) from the backend's chat completion;
-    UpstreamError when the answer is none."""
-    try:
-        answer = orjson.loads(body)
-        choice = answer["choices"][0]
-        text = choice["message"].get("content") or ""
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
-        raise UpstreamError(
-            f"the backend's answer is not a chat completion: {body[:200]!r}"
-        ) from None
+    UpstreamError when the answer is none (read as a block's is: parsing.read_block)."""
+    text, finish_reason, usage = read_block(body)
     html = otsl.to_html(text) if task == "table" and otsl.is_otsl(text) else None
-    return PageResult(number, text, choice.get("finish_reason"), answer.get("usage"), html)
+    return PageResult(number, text, finish_reason, usage, html)
