@@ -114,6 +114,13 @@ class RouteLabels:
         return next(matches, self.UNMATCHED)
 
 
+async def _release(context: RequestContext) -> None:
+    """Run the context's `release` once (what the per-key limits and the usage meter hung on it)."""
+    if context.release is not None:
+        release, context.release = context.release, None
+        await release()
+
+
 def _template(path: str) -> re.Pattern[str]:
     """A route path such as `/v1/models/{model}` (or `{rest:path}`) as a regular expression."""
     pieces = re.split(r"\{([^}]*)\}", path)
@@ -126,8 +133,8 @@ def _template(path: str) -> re.Pattern[str]:
 
 class RequestContextMiddleware:
     """Gives each request a context and an `X-Request-ID`, adds the headers the context asks
-    for, runs its `release` once the last byte went out (after an error response too, or when
-    the client left), then logs and measures it. (One layer for all of it: each layer costs
+    for, runs its `release` as the last byte goes out (or once an error was answered, or the
+    client left), then logs and measures it. (One layer for all of it: each layer costs
     every request a call and every relayed chunk a wrapped send.)"""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, routes: Iterable[object]) -> None:
@@ -156,6 +163,10 @@ class RequestContextMiddleware:
                     *context.response_headers,
                     header,
                 ]
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                # released before the last byte: a client that has its whole answer finds it
+                # counted (GET /v1/usage) and its concurrency slot free for the next request
+                await _release(context)
             await send(message)
 
         quiet = scope["path"] in QUIET_ROUTES
@@ -165,9 +176,7 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             try:
-                if context.release is not None:
-                    release, context.release = context.release, None
-                    await release()
+                await _release(context)  # an error answered, or the client left, mid-answer
             finally:
                 if not quiet:
                     self.metrics.in_flight.dec()

@@ -78,3 +78,65 @@ async def test_metrics_count_requests_latency_overhead_and_upstream_errors(
     assert not [line for line in others if SERVED in line]
     assert all('key="env#1"' in line for line in usage if "{" in line)
     assert "sk-" not in text  # a key itself never
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_release_runs_before_the_last_byte_reaches_the_client(stream: bool) -> None:
+    """What hangs on a request's end (its usage counted, its concurrency slot given back) has
+    run when the client gets the answer's last byte: a client that reads /v1/usage, or sends
+    its next request, right after finds it done (CI once read usage before it was counted)."""
+    from app.context import RequestContextMiddleware
+    from app.metrics import Metrics
+
+    seen: list[str] = []
+
+    async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        async def released() -> None:
+            seen.append("released")
+
+        scope["state"]["context"].on_release(released)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        if stream:
+            await send({"type": "http.response.body", "body": b"a", "more_body": True})
+        await send({"type": "http.response.body", "body": b"b", "more_body": False})
+        seen.append("app returned")
+
+    async def server_send(message) -> None:  # type: ignore[no-untyped-def]
+        if message["type"] == "http.response.body":
+            seen.append(f"body more={bool(message.get('more_body'))}")
+
+    async def receive():  # type: ignore[no-untyped-def]
+        return {"type": "http.disconnect"}
+
+    middleware = RequestContextMiddleware(app, Metrics(), routes=[])
+    scope = {"type": "http", "path": "/v1/ocr", "headers": []}
+    await middleware(scope, receive, server_send)
+    last = ["released", "body more=False", "app returned"]
+    assert seen == (["body more=True"] if stream else []) + last  # released once, first
+
+
+async def test_release_still_runs_when_the_client_leaves_mid_answer() -> None:
+    """No last byte (the client went away): the request's end still releases, once."""
+    from app.context import RequestContextMiddleware
+    from app.metrics import Metrics
+
+    released: list[int] = []
+
+    async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        async def release() -> None:
+            released.append(1)
+
+        scope["state"]["context"].on_release(release)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        raise OSError("the client went away")
+
+    async def server_send(message) -> None:  # type: ignore[no-untyped-def]
+        return None
+
+    async def receive():  # type: ignore[no-untyped-def]
+        return {"type": "http.disconnect"}
+
+    middleware = RequestContextMiddleware(app, Metrics(), routes=[])
+    with pytest.raises(OSError):
+        await middleware({"type": "http", "path": "/v1/ocr", "headers": []}, receive, server_send)
+    assert released == [1]
