@@ -8,7 +8,9 @@ import logging
 import httpx
 import pytest
 
+from app.context import RequestContextMiddleware
 from app.logs import JSONFormatter
+from app.metrics import Metrics
 from tests.support.fake_backend import SERVED, FakeVLLM
 
 pytestmark = pytest.mark.anyio
@@ -85,9 +87,6 @@ async def test_release_runs_before_the_last_byte_reaches_the_client(stream: bool
     """What hangs on a request's end (its usage counted, its concurrency slot given back) has
     run when the client gets the answer's last byte: a client that reads /v1/usage, or sends
     its next request, right after finds it done (CI once read usage before it was counted)."""
-    from app.context import RequestContextMiddleware
-    from app.metrics import Metrics
-
     seen: list[str] = []
 
     async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
@@ -117,9 +116,6 @@ async def test_release_runs_before_the_last_byte_reaches_the_client(stream: bool
 
 async def test_release_still_runs_when_the_client_leaves_mid_answer() -> None:
     """No last byte (the client went away): the request's end still releases, once."""
-    from app.context import RequestContextMiddleware
-    from app.metrics import Metrics
-
     released: list[int] = []
 
     async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
@@ -137,6 +133,6 @@ async def test_release_still_runs_when_the_client_leaves_mid_answer() -> None:
         return {"type": "http.disconnect"}
 
     middleware = RequestContextMiddleware(app, Metrics(), routes=[])
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="went away"):
         await middleware({"type": "http", "path": "/v1/ocr", "headers": []}, receive, server_send)
     assert released == [1]
