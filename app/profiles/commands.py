@@ -157,7 +157,11 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     plan_parser.add_argument("--max-model-len", type=int, help="default: page + 4,096, rounded up")
     plan_parser.add_argument("--max-num-seqs", type=int, help="default: the pages the KV holds")
     plan_parser.add_argument("--utilization", type=float, help="gpu-memory-utilization")
-    plan_parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    plan_parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="default: the recipe's 16,384, halved while the KV cache holds fewer than 8 pages",
+    )
     plan_parser.add_argument("--dtype", choices=PLAN_DTYPES, default="bfloat16")
     plan_parser.add_argument(
         "--engines-per-gpu",

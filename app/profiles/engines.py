@@ -29,7 +29,6 @@ from app.profiles.gpus import Card
 from app.profiles.layout import layout_bytes
 from app.profiles.memory import (
     MAX_NUM_SEQS_CAP,
-    RECIPE_MAX_NUM_BATCHED_TOKENS,
     UTILIZATION_CAP,
     EngineLimits,
     MemoryPlan,
@@ -131,7 +130,7 @@ def plan_engines(
         shape,
         geforce=geforce,
         max_model_len=max_model_len,
-        max_num_batched_tokens=max_num_batched_tokens or RECIPE_MAX_NUM_BATCHED_TOKENS,
+        max_num_batched_tokens=max_num_batched_tokens,
     )
     limits = replace(limits, dtype_bytes=dtype_bytes)
     layout = layout_bytes()

@@ -1,24 +1,44 @@
 """The layout service's share of the GPU it shares with vLLM (`engine/layout`, issue 36).
 
 PP-DocLayoutV3 runs beside the engines on the same GPU: its own process, so its own CUDA
-context, then its weights and the activations of its largest batch. Measured on an H200 (bf16,
-800 x 800 input, transformers' own `PPDocLayoutV3ForObjectDetection`, peak allocated memory
-after warm-up: docs/gpu-profiles.md, "The layout service's share"):
+context, then its weights and the activations of its largest batch, and what PyTorch's caching
+allocator keeps beyond them. Its peak allocated memory was measured on an H200 (bf16,
+800 x 800 input, transformers' own `PPDocLayoutV3ForObjectDetection`, after warm-up:
+docs/gpu-profiles.md, "The layout service's share"):
 
     batch      1      8     32     64
     peak GiB   0.6    3.0   11.8   23.6      (torch.compile'd, batch 8: 2.4)
 
 A straight line through them, 0.23 GiB + 0.37 GiB per page, is above every point but batch 8
-(3.19 vs 3.0), so the model stays on the safe side. The share is that peak at the service's
-largest batch (`--max-batch`, 8 by default) plus one CUDA context; every GPU profile keeps it
-outside vLLM's budget (`memory.utilization_for`, `engines.plan_engines`).
+(3.19 vs 3.0), so the peak stays on the safe side.
+
+The caching allocator keeps more than that peak: what it reserves is the peak plus the blocks it
+split and keeps cached. Two H200 runs of the service at batch 8 beside the two engines (under
+MPS, default allocator) measured it:
+
+    tenth pass     5.80 GiB in all after a 40 s window (context ~0.75, so ~5.05 GiB reserved):
+                   1.58x the modelled peak of 3.19 GiB (gpu-h200-2026-12-02-pass10.md)
+    eleventh pass  5,606 MiB in all over 120 s: PyTorch's peak allocated 3,155 MiB, reserved
+                   4,840 MiB, its context 766 MiB; 4,840 MiB is 1.48x the modelled peak (1.53x
+                   its own measured peak) (gpu-h200-2026-12-03-pass11.md)
+
+so the share counts the allocator's reserve as `RESERVED_OVER_PEAK` (1.65, above both ratios)
+times the modelled peak:
+
+    share = context + 1.65 x (0.23 + 0.37 x max batch) GiB
+
+At the service's largest batch (`--max-batch`, 8 by default) that is 0.75 + 1.65 x 3.19 = 6.01
+GiB, above the largest process total measured (5.80 GiB). Every GPU profile keeps it outside
+vLLM's budget (`memory.utilization_for`, `engines.plan_engines`). With
+`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` the eleventh pass measured the service at
+4,056 MiB in all (reserved 3,292 MiB), but alone on the card, not under MPS: once measured under
+MPS it could lower the factor.
 
 The context is measured: beside the two engines of the ninth pass (H200, under MPS) the service
 held 1.62 GiB, of which PyTorch had 686 MiB allocated and 208 MiB reserved, so 0.75 GiB was
 non-PyTorch memory (its CUDA context, cuBLAS/cuDNN workspaces): the OOM report in
 layout-8300.cut.log of bench/results/gpu-h200-2026-12-02-pass9-raw/pass-raw.tar.gz. It got
-1.69 GiB in all, because the engines took the rest, and failed its first batch (5 pages): the
-share below is what it needs, 3.94 GiB at batch 8.
+1.69 GiB in all, because the engines took the rest, and failed its first batch (5 pages).
 """
 
 from __future__ import annotations
@@ -33,10 +53,15 @@ LAYOUT_MAX_BATCH = 8
 """The layout service's default `--max-batch`: the batch the profiles make room for."""
 LAYOUT_CONTEXT_BYTES = 3 * GiB // 4
 """Its own CUDA context and non-PyTorch memory: 0.75 GiB measured on the H200 (above)."""
+RESERVED_OVER_PEAK = 1.65
+"""What PyTorch's caching allocator reserves over the modelled peak allocated memory: measured
+1.58x (tenth pass) and 1.48x (eleventh) at batch 8 on the H200 under MPS (above)."""
 
 
 def layout_bytes(max_batch: int = LAYOUT_MAX_BATCH) -> int:
-    """The layout service's share of a GPU at `max_batch` pages per forward pass."""
+    """The layout service's share of a GPU at `max_batch` pages per forward pass: its context
+    and what the caching allocator reserves for its peak."""
     if max_batch < 1:
         raise ValueError(f"the layout service's max batch must be 1 or more; got {max_batch}")
-    return LAYOUT_CONTEXT_BYTES + LAYOUT_BASE_BYTES + max_batch * LAYOUT_PAGE_BYTES
+    peak = LAYOUT_BASE_BYTES + max_batch * LAYOUT_PAGE_BYTES
+    return LAYOUT_CONTEXT_BYTES + round(RESERVED_OVER_PEAK * peak)

@@ -9,8 +9,8 @@ It follows vLLM's own accounting (`gpu_worker.determine_available_memory`, `kv_c
 The total is CUDA's, not nvidia-smi's: vLLM multiplies the utilization by what
 `cudaMemGetInfo` reports, which is nvidia-smi's `memory.total` less what the driver keeps
 (`DRIVER_RESERVED_BYTES`, measured on an H200). On a GPU the budget also leaves room for the
-layout service beside vLLM (`layout.py`): its CUDA context, weights and largest batch stay
-outside every profile's share of the card.
+layout service beside vLLM (`layout.py`): its CUDA context and what PyTorch's allocator
+reserves for its weights and largest batch stay outside every profile's share of the card.
 
 The activation peak is the larger of vLLM's two profiling passes: the vision encoder over one
 encoder budget of images (max(max-num-batched-tokens, one image) visual tokens) and the language
@@ -70,6 +70,9 @@ RECIPE_MAX_NUM_BATCHED_TOKENS = 16384
 """vLLM's PaddleOCR-VL recipe starting point."""
 MAX_NUM_SEQS_CAP = 256
 """vLLM's long-standing default; beyond it the vision encoder, not the KV cache, bounds pages/s."""
+MIN_PAGES = 8
+"""The fewest pages a profile admits at once (max-num-seqs), and so the fewest its KV cache must
+hold: below them `derive` lowers max-num-batched-tokens rather than plan a cache that holds none."""
 DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "auto": 2}
@@ -291,21 +294,42 @@ def derive(
     utilization: float | None = None,
     max_model_len: int | None = None,
     max_num_seqs: int | None = None,
-    max_num_batched_tokens: int = RECIPE_MAX_NUM_BATCHED_TOKENS,
+    max_num_batched_tokens: int | None = None,
 ) -> EngineLimits:
-    """The profile numbers for a card: fill the budget, then as many pages as the KV cache holds."""
-    limits = EngineLimits(
-        max_model_len=max_model_len or max_model_len_for(shape),
-        max_num_seqs=max_num_seqs or MAX_NUM_SEQS_CAP,
-        max_num_batched_tokens=max_num_batched_tokens,
-        dtype_bytes=2,
-        gpu_memory_utilization=utilization or utilization_for(total_bytes, geforce),
-        block_size=DEFAULT_BLOCK_SIZE["cuda"],
-    )
-    if max_num_seqs is None:
-        pages = plan(shape, limits, total_bytes).concurrent_pages
-        fitted = max(8, min(MAX_NUM_SEQS_CAP, pages) // 8 * 8)
-        limits = replace(limits, max_num_seqs=fitted)
+    """The profile numbers for a card: fill the budget, then as many pages as the KV cache holds.
+
+    max-num-batched-tokens is the recipe's 16,384 unless given; where neither it nor the
+    utilization is given and the activation peak of its encoder profiling leaves the KV cache
+    fewer than `MIN_PAGES` pages (the RTX 3060 beside the layout service), it is halved until
+    the cache holds them, down to one image.
+    """
+
+    def fitted(tokens: int) -> EngineLimits:
+        limits = EngineLimits(
+            max_model_len=max_model_len or max_model_len_for(shape),
+            max_num_seqs=max_num_seqs or MAX_NUM_SEQS_CAP,
+            max_num_batched_tokens=tokens,
+            dtype_bytes=2,
+            gpu_memory_utilization=utilization or utilization_for(total_bytes, geforce),
+            block_size=DEFAULT_BLOCK_SIZE["cuda"],
+        )
+        if max_num_seqs is None:
+            pages = plan(shape, limits, total_bytes).concurrent_pages
+            limits = replace(
+                limits, max_num_seqs=max(MIN_PAGES, min(MAX_NUM_SEQS_CAP, pages) // 8 * 8)
+            )
+        return limits
+
+    tokens = max_num_batched_tokens or RECIPE_MAX_NUM_BATCHED_TOKENS
+    limits = fitted(tokens)
+    while (
+        max_num_batched_tokens is None
+        and utilization is None
+        and tokens // 2 >= shape.max_visual_tokens_per_image
+        and plan(shape, limits, total_bytes).concurrent_pages < MIN_PAGES
+    ):
+        tokens //= 2
+        limits = fitted(tokens)
     return limits
 
 

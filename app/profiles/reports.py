@@ -5,6 +5,7 @@ from __future__ import annotations
 from app.profiles.engines import EnginesPlan
 from app.profiles.memory import (
     MAX_NUM_SEQS_CAP,
+    MIN_PAGES,
     PROMPT_TEXT_TOKENS,
     RECIPE_MAX_NUM_BATCHED_TOKENS,
     TYPICAL_OUTPUT_TOKENS,
@@ -68,6 +69,17 @@ def yaml_block(result: MemoryPlan, shape: ModelShape) -> str:
             f"# The KV cache holds {result.concurrent_pages:,} pages; rounded down to a multiple "
             "of 8,\n# every admitted page fits and none is preempted."
         )
+    batched = (
+        f"# The recipe's {RECIPE_MAX_NUM_BATCHED_TOKENS:,}: {result.profiled_images} full "
+        "pages prefill per step; sets the encoder's profiling batch."
+    )
+    if limits.max_num_batched_tokens < RECIPE_MAX_NUM_BATCHED_TOKENS:
+        batched = (
+            f"# Below the recipe's {RECIPE_MAX_NUM_BATCHED_TOKENS:,}, whose encoder profiling "
+            f"would leave the KV cache fewer than {MIN_PAGES}\n# pages: "
+            f"{result.profiled_images} full pages prefill per step; sets the encoder's "
+            "profiling batch."
+        )
     return "\n".join(
         [
             f"# The largest share of {cuda_total(total) / GiB:.2f} GiB (CUDA's total) that leaves "
@@ -90,8 +102,7 @@ def yaml_block(result: MemoryPlan, shape: ModelShape) -> str:
             seqs,
             f"max-num-seqs: {limits.max_num_seqs}",
             "",
-            f"# The recipe's {RECIPE_MAX_NUM_BATCHED_TOKENS:,}: {result.profiled_images} full "
-            "pages prefill per step; sets the encoder's profiling batch.",
+            batched,
             f"max-num-batched-tokens: {limits.max_num_batched_tokens}",
         ]
     )

@@ -29,7 +29,7 @@ from tests.deploy.layouts import engines_file
 PIPES = "/tmp/nvidia-mps"  # noqa: S108 (MPS's default pipe directory, shared by design)
 LAYOUTS = ROOT / "compose" / "layouts"
 TWO_FIT = [card for card in CARDS if not plan_for_card(card, load_shape(), MPS_ENGINES).errors]
-"""The classes with room for two engines beside the layout service (all but the RTX 3060)."""
+"""The classes with room for two engines beside the layout service (32 GiB and more)."""
 
 
 def generate(*arguments: str) -> subprocess.CompletedProcess[str]:
@@ -155,10 +155,11 @@ def test_the_mps_layout_resolves_for_every_class_with_room(card: Card, tmp_path:
     assert gateway["environment"]["OCRVL_BACKENDS"] == "dns+http://vllm-backends:8000"
 
 
-@pytest.mark.parametrize("profile", ["rtx3060-12gb", "cpu"])
+@pytest.mark.parametrize("profile", ["rtx3060-12gb", "rtx4090-24gb", "cpu"])
 def test_two_engines_where_none_fit_are_refused_or_ignored(profile: str, tmp_path: Path) -> None:
-    """The RTX 3060 has no room for two (no compose/mps/ plan: compose refuses, naming it); the
-    CPU layout has one engine whatever ENGINES_PER_GPU says."""
+    """The RTX 3060 and RTX 4090 have no room for two beside the layout service (no compose/mps/
+    plan: compose refuses, naming it); the CPU layout has one engine whatever ENGINES_PER_GPU
+    says."""
     env = {"GPU_PROFILE": profile, "VLLM_API_KEY": "k", "ENGINES_PER_GPU": "2"}
     result = run_config([BASE], env, tmp_path=tmp_path)
     if profile == "cpu":
@@ -182,7 +183,7 @@ def test_the_engine_runs_the_profile_with_its_share_winning(
 ) -> None:
     """The engine's entrypoint, run by a real /bin/sh with the container's environment and a
     stand-in `vllm` that prints its arguments, gives vLLM's own parser `--config <profile>`
-    then the plan's flags, and the plan wins over the profile's 0.95."""
+    then the plan's flags, and the plan wins over the profile's 0.94."""
     engine = resolved([BASE], tmp_path, GPU_PROFILE="h200-141gb")["services"]["vllm-b"]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

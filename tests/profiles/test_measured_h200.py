@@ -40,8 +40,9 @@ def _predicted_kv_tokens(utilization: float) -> int:
     ids=["0.23-first", "0.23-second", "0.32"],
 )
 def test_the_h200_profile_predicts_the_kv_cache_vllm_logged(report: Path, logged: int) -> None:
-    """h200-141gb.yaml as shipped (0.95): the model's KV tokens within 2 % of what vLLM
-    allocated on the H200, and on the safe side (fewer, never more)."""
+    """h200-141gb.yaml at the 0.95 it ran at (0.94 since the layout service's share grew): the
+    model's KV tokens within 2 % of what vLLM allocated on the H200, and on the safe side (fewer,
+    never more)."""
     measured = _logged(report, "default")["kv_cache_tokens"]
     assert measured == logged
     predicted = _predicted_kv_tokens(0.95)
