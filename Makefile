@@ -85,7 +85,8 @@ TEST_ENV = TINY_MODEL_DIR=$(abspath $(TINY_MODEL_DIR)) TINY_LAYOUT_DIR=$(abspath
 	OCRVL_ENGINE_VENV=$(abspath $(VENV))
 
 test: venv tiny-model tiny-layout paddleocr-venv  ## every test tier (gateway venv; then engine venv, newest FastAPI)
-	$(TEST_ENV) $(GW) -m pytest
+	$(TEST_ENV) $(GW) -m pytest -m "not serial" -n 2 --dist loadfile
+	$(TEST_ENV) $(GW) -m pytest -m serial
 	$(TEST_ENV) $(PY) -m pytest -m engine
 	scripts/latest.sh $(GATEWAY_VENV)
 

@@ -311,15 +311,38 @@ def layout_service(
 
 
 ENGINE_FIXTURES = {"serve_parser", "checker"}  # vLLM's own `vllm serve` parser, imported
+# What runs a real part, or a session's one (the engine, the layout service, PaddleX, nginx, a
+# browser, Docker), or times a real stack: `serial`, never beside other tests (`make test`
+# runs the rest on two workers first).
+SERIAL_FOLDERS = ("real", "deploy", "ui", "fidelity", "paddlex", "engine")
+SERIAL_FILES = {
+    "batches/test_real.py", "bench/test_soak_real.py", "bench/test_sweep_real.py",
+    "bench/gpu/test_docpath.py", "bench/gpu/test_hey_load.py", "bench/gpu/test_pass_report.py",
+    "profiles/test_engine.py",
+}  # fmt: skip
+SERIAL_FIXTURES = {"vllm_server", "layout_service", "paddlex_python"}  # the real gateway too
+SERIAL_MARKS = ("vllm", "docker", "engine")
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m engine` selects by the marks
+def is_serial(item: pytest.Item) -> bool:
+    """Whether `item` must run alone (its file, fixtures or marks say it uses a real part)."""
+    relative = Path(str(item.path)).resolve().relative_to(ROOT / "tests").as_posix()
+    if relative.split("/")[0] in SERIAL_FOLDERS or relative in SERIAL_FILES:
+        return True
+    if SERIAL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    return any(item.get_closest_marker(mark) for mark in SERIAL_MARKS)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m engine` / `-m serial` select by the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that uses vLLM's parser is an `engine` test; outside the engine venv those are
-    skipped, saying where they run."""
+    skipped, saying where they run. A test that uses a real part is `serial`."""
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)
+        if is_serial(item):
+            item.add_marker(pytest.mark.serial)
     if not ENGINE_HERE:
         for item in items:
             if item.get_closest_marker("engine"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,15 +40,26 @@ def parse_schedule(text: str) -> list[Planned]:
     return sorted(planned, key=lambda p: p.at)
 
 
-def _redis_keys(part: Part) -> int:
-    """DBSIZE of the drill's Redis (to show a restart kept the data)."""
+SENTINEL = "ocrvl-soak:sentinel"
+"""A key the drill writes just before it stops Redis and reads once it is back: DBSIZE alone
+cannot show the data was kept, since the gateways' own keys (concurrency slots, request
+windows with their TTLs) come and go with the traffic in between."""
+
+
+def _redis(part: Part, *args: str) -> str:
+    """One redis-cli command against the drill's Redis; its reply."""
     port = part.command[part.command.index("--port") + 1]
     password = part.command[part.command.index("--requirepass") + 1]
     result = subprocess.run(
-        ["redis-cli", "-p", port, "--no-auth-warning", "-a", password, "DBSIZE"],
+        ["redis-cli", "-p", port, "--no-auth-warning", "-a", password, *args],
         capture_output=True, text=True, timeout=10, check=False,
     )  # fmt: skip
-    return int(result.stdout.strip() or -1)
+    return result.stdout.strip()
+
+
+def _redis_keys(part: Part) -> int:
+    """DBSIZE of the drill's Redis."""
+    return int(_redis(part, "DBSIZE") or -1)
 
 
 def act(stack: Stack, fault: str, count: int, now: Callable[[], float], grace: float) -> Window:
@@ -67,7 +79,9 @@ def act(stack: Stack, fault: str, count: int, now: Callable[[], float], grace: f
         time.sleep(1)  # the new workers take over; the old ones finish what they hold
         window.healthy_at = now() if part.ready() else None
         return window
+    token = uuid.uuid4().hex
     if fault == "redis-restart":
+        _redis(part, "SET", SENTINEL, token)
         window.notes["keys_before"] = _redis_keys(part)
         part.stop()  # SIGTERM: Redis writes its append-only file and exits
     else:
@@ -81,6 +95,7 @@ def act(stack: Stack, fault: str, count: int, now: Callable[[], float], grace: f
     window.notes["pid_after"] = part.pid
     if fault == "redis-restart":
         window.notes["keys_after"] = _redis_keys(part)
+        window.notes["data_kept"] = _redis(part, "GET", SENTINEL) == token
     return window
 
 

@@ -38,12 +38,17 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_each_fault_happened_and_its_part_came_back(drill: dict[str, Any]) -> None:
-    """Three windows, each closed (the part healthy again), Redis with its data kept."""
+    """Three windows, each closed (the part healthy again), Redis with its data kept (a key
+    written just before its stop is there after its restart)."""
     windows = {w["fault"]: w for w in drill["windows"]}
     assert set(windows) == {"redis-restart", "gateway-kill", "nginx-reload"}
     assert all(w["healthy_at"] is not None for w in windows.values())
     redis, gateway = windows["redis-restart"]["notes"], windows["gateway-kill"]["notes"]
-    assert redis["keys_after"] >= redis["keys_before"] > 0
+    # what was written just before the stop is there after it (DBSIZE moves with the traffic:
+    # slots and request windows come and go; CI once saw 9 keys before and 7 after)
+    assert redis["data_kept"] is True
+    assert redis["keys_before"] > 0
+    assert redis["keys_after"] > 0
     assert gateway["pid_after"] != gateway["pid_before"]
 
 

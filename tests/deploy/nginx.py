@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.compose import ROOT
+from tests.support.servers import free_port  # noqa: F401 (its callers import it from here)
 
 TEMPLATES = ROOT / "nginx" / "templates"
 SUFFIX = ".template"
@@ -85,14 +86,6 @@ def prepare(root: Path, env: Mapping[str, str]) -> Path:
 def nginx_command(root: Path, conf: Path, *extra: str) -> list[str]:
     """nginx with its prefix, error log and config under `root` (never /etc/nginx's)."""
     return ["nginx", "-p", str(root), "-e", str(root / "error.log"), "-c", str(conf), *extra]
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

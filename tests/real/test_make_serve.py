@@ -1,6 +1,6 @@
-"""`make serve MODEL=tiny` as README gives it: vLLM + gateway, the README snippet, the engine's
-output in its own log, Ctrl-C stopping all cleanly; and `make serve MODEL=tiny ENGINES=2`: two
-engines behind one gateway, stopped by SIGTERM."""
+"""`make serve MODEL=tiny ENGINES=2` as README gives it (with two engines): vLLM + gateway, the
+README snippet, each engine's output in its own log, both engines serving behind one gateway,
+Ctrl-C stopping all cleanly."""
 
 from __future__ import annotations
 
@@ -42,8 +42,11 @@ def readme_snippet(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def make_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int, Path]]:
-    """`make serve MODEL=tiny` on free ports, in its own process group as a terminal runs it."""
-    vllm_port, port = free_port(), free_port()
+    """`make serve MODEL=tiny ENGINES=2` on free ports (engines on VLLM_PORT and VLLM_PORT+1),
+    in its own process group as a terminal runs it; Ctrl-C at the end. (One start for the whole
+    module: each costs CI two engine starts. SIGTERM to make alone, what a service manager
+    sends, is tests/real/test_serve_stop.py's.)"""
+    vllm_port, port = free_port_pair(), free_port()
     log = Path(tmp_path_factory.mktemp("make-serve")) / "make-serve.log"
     env = {
         **engine_environment(),
@@ -52,16 +55,16 @@ def make_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
     }
     with log.open("wb") as out:
         process = subprocess.Popen(
-            ["make", "serve", "MODEL=tiny", f"VLLM_PORT={vllm_port}", f"PORT={port}",
+            ["make", "serve", "MODEL=tiny", "ENGINES=2", f"VLLM_PORT={vllm_port}", f"PORT={port}",
              f"LAYOUT_PORT={free_port()}"],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
     try:
-        wait_until_up(f"http://127.0.0.1:{port}/ready", process, log, 600)
+        wait_until_up(f"http://127.0.0.1:{port}/ready", process, log, 900)
         yield vllm_port, port, log
         os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in the terminal
-        process.wait(timeout=60)
-        for url in (f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{vllm_port}/health"):
+        process.wait(timeout=90)
+        for url in (f"http://127.0.0.1:{p}/health" for p in (port, vllm_port, vllm_port + 1)):
             with pytest.raises(httpx.ConnectError):
                 httpx.get(url, timeout=2)
         assert_stopped_cleanly(log)
@@ -86,12 +89,13 @@ def test_engine_output_goes_to_a_log_named_at_start(make_serve: tuple[int, int, 
     the terminal holds the gateway's own JSON lines and none of vLLM's (its GET /metrics lines
     every second)."""
     vllm_port, port, log = make_serve
-    name = f"logs/vllm-{vllm_port}.log"
     httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5)
     terminal = log.read_text(errors="replace")
-    assert f"make serve: vllm-{vllm_port}'s output: {name}" in terminal
-    engine = (ROOT / name).read_text(errors="replace")
-    assert "GET /health" in engine
+    for engine_port in (vllm_port, vllm_port + 1):
+        name = f"logs/vllm-{engine_port}.log"
+        assert f"make serve: vllm-{engine_port}'s output: {name}" in terminal
+        engine = (ROOT / name).read_text(errors="replace")
+        assert "GET /health" in engine
     assert '"logger":"ocrvl.' in terminal
     assert "GET /metrics" not in terminal
     assert "GET /health" not in terminal
@@ -126,42 +130,14 @@ def test_a_client_that_gives_up_frees_the_engine(make_serve: tuple[int, int, Pat
         )
     deadline = time.monotonic() + 1.0
     while True:
-        metrics = httpx.get(f"http://127.0.0.1:{vllm_port}/metrics", timeout=5).text
-        if running_requests(metrics) == 0:
+        running = [
+            running_requests(httpx.get(f"http://127.0.0.1:{p}/metrics", timeout=5).text)
+            for p in (vllm_port, vllm_port + 1)
+        ]
+        if running == [0, 0]:
             break
         assert time.monotonic() < deadline, "vLLM kept running the abandoned request"
         time.sleep(0.05)
-
-
-@pytest.fixture(scope="module")
-def make_serve_two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int, Path]]:
-    """`make serve MODEL=tiny ENGINES=2` on free ports (engines on VLLM_PORT and VLLM_PORT+1)."""
-    vllm_port, port = free_port_pair(), free_port()
-    log = Path(tmp_path_factory.mktemp("make-serve-two")) / "make-serve.log"
-    env = {
-        **engine_environment(),
-        "OCRVL_API_KEYS": "sk-local",
-        "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
-    }
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            ["make", "serve", "MODEL=tiny", "ENGINES=2", f"VLLM_PORT={vllm_port}", f"PORT={port}",
-             f"LAYOUT_PORT={free_port()}"],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
-    try:
-        wait_until_up(f"http://127.0.0.1:{port}/ready", process, log, 900)
-        yield vllm_port, port, log
-        os.kill(process.pid, signal.SIGTERM)  # what a service manager sends: make, then serve.sh
-        process.wait(timeout=90)
-        assert_stopped_cleanly(log)
-        for url in (f"http://127.0.0.1:{p}/health" for p in (port, vllm_port, vllm_port + 1)):
-            with pytest.raises(httpx.ConnectError):
-                httpx.get(url, timeout=2)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def free_port_pair() -> int:
@@ -174,9 +150,9 @@ def free_port_pair() -> int:
     raise RuntimeError("no two consecutive free ports")
 
 
-def test_two_engines_serve_through_one_gateway(make_serve_two: tuple[int, int, Path]) -> None:
+def test_two_engines_serve_through_one_gateway(make_serve: tuple[int, int, Path]) -> None:
     """Pages sent at once through the gateway are answered, and both engines served some."""
-    vllm_port, port, log = make_serve_two
+    vllm_port, port, log = make_serve
     body = {"model": "PaddleOCR-VL", "messages": [{"role": "user", "content": "OCR:"}],
             "max_tokens": 16}  # fmt: skip
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import random
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -108,12 +110,29 @@ def serving(app: Served) -> Iterator[Served]:
         yield app
 
 
+PORT_BASE, PORT_BLOCK = 20_000, 3_000
+_ports = random.Random()  # its own: a test that seeds `random` does not choose the ports
+
+
 def free_port() -> int:
-    """A loopback port that was free a moment ago (for servers that cannot take a socket)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A loopback port that was free a moment ago (for servers that cannot take a socket).
+
+    Below the kernel's ephemeral range (32768-60999 by default), so no outgoing connection takes
+    it meanwhile, and in a block of its own for each xdist worker (`make test` runs the
+    in-process tiers on two), so two workers never pick the same one.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    index = int(worker[2:]) + 1 if worker[:2] == "gw" and worker[2:].isdigit() else 0
+    low = PORT_BASE + index * PORT_BLOCK
+    for _ in range(500):
+        port = _ports.randrange(low, low + PORT_BLOCK)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {low}-{low + PORT_BLOCK - 1}")
 
 
 @contextlib.contextmanager
