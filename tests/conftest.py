@@ -314,11 +314,13 @@ ENGINE_FIXTURES = {"serve_parser", "checker"}  # vLLM's own `vllm serve` parser,
 # What runs a real part, or a session's one (the engine, the layout service, PaddleX, nginx, a
 # browser, Docker), or times a real stack: `serial`, never beside other tests (`make test`
 # runs the rest on two workers first).
-SERIAL_FOLDERS = ("real", "deploy", "ui", "fidelity", "paddlex", "engine")
+SERIAL_FOLDERS = ("real", "deploy", "ui", "fidelity", "engine")
+# (PaddleX's own code runs in every paddlex/ file but test_layout_parsing.py, in-process.)
 SERIAL_FILES = {
     "batches/test_real.py", "bench/test_soak_real.py", "bench/test_sweep_real.py",
     "bench/gpu/test_docpath.py", "bench/gpu/test_hey_load.py", "bench/gpu/test_pass_report.py",
-    "profiles/test_engine.py",
+    "profiles/test_engine.py", "paddlex/test_clients_doc.py", "paddlex/test_fidelity.py",
+    "paddlex/test_restructure.py", "paddlex/test_schemas.py",
 }  # fmt: skip
 SERIAL_FIXTURES = {"vllm_server", "layout_service", "paddlex_python"}  # the real gateway too
 SERIAL_MARKS = ("vllm", "docker", "engine")
