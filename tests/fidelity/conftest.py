@@ -2,9 +2,9 @@
 
 Both pipelines read the same files, get the same layout boxes (by page size) and are answered
 by the same kind of stand-in VLM, one per side so that each side's requests can be compared.
-Each run (RUNS: documents and options) goes once per session through PaddleX (one subprocess in
-`.venv-paddleocr`) and through the gateway, a real `ocrvl serve` with `OCRVL_BACKENDS` at its
-stand-in VLM and `OCRVL_LAYOUT_URL` at the stand-in layout service.
+Each run (RUNS: documents and options) goes once per session through PaddleX (a call to the
+session's PaddleX worker in `.venv-paddleocr`) and through the gateway, a real `ocrvl serve`
+with `OCRVL_BACKENDS` at its stand-in VLM and `OCRVL_LAYOUT_URL` at the stand-in layout service.
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ RUNS = {
 
 
 class PaddleX:
-    """PaddleX's PaddleOCR-VL-1.5 pipeline, one subprocess per run, each at a stand-in VLM of
-    its own; a run's result is kept for the session."""
+    """PaddleX's PaddleOCR-VL-1.5 pipeline, one worker call (a fresh child) per run, each at a
+    stand-in VLM of its own; a run's result is kept for the session."""
 
     def __init__(self, documents: list[Document], layouts: Layouts, workdir: Path) -> None:
         self.documents = {doc.name: doc for doc in documents}

@@ -6,8 +6,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
-import os
-import subprocess
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -120,7 +118,7 @@ async def gateway(
 # ------------------------------------------------------------------ PaddleX's own serving code
 
 SCRIPT = Path(__file__).with_name("paddlex_serving.py")
-PADDLEX_TIMEOUT = 600.0  # imports take ~15 s on a busy machine; `infer` reads pages too
+PADDLEX_TIMEOUT = 600.0  # the worker's import ~15 s on a busy machine; `infer` reads pages too
 
 
 class PaddleXFailed(RuntimeError):
@@ -128,30 +126,14 @@ class PaddleXFailed(RuntimeError):
 
 
 def run_paddlex(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    """tests/paddlex/paddlex_serving.py on `spec` in `.venv-paddleocr`; its report."""
+    """tests/paddlex/paddlex_serving.py on `spec` in `.venv-paddleocr` (the session's PaddleX
+    worker, tests/support/paddlex_pipeline.py's `worker()`); its report."""
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path, out_path = workdir / "spec.json", workdir / "out.json"
     spec_path.write_bytes(orjson.dumps(spec))
-    environment = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "PADDLE_PDX_DISABLE_MODEL_SOURCE_CHECK": "True",  # no probing of model hosters
-        "PADDLE_PDX_CACHE_HOME": str(workdir / "paddlex-cache"),  # not ~/.paddlex
-    }
-    # PaddleX draws its layout images in a font it would download; OpenCV's wheel has one
-    fonts = sorted(
-        paddlex_pipeline.VENV.glob("lib/python*/site-packages/cv2/qt/fonts/DejaVuSans.ttf")
-    )
-    if fonts:
-        environment["PADDLE_PDX_LOCAL_FONT_FILE_PATH"] = str(fonts[0])
-    done = subprocess.run(
-        [str(paddlex_pipeline.python()), str(SCRIPT), str(spec_path), str(out_path)],
-        capture_output=True, text=True, env=environment, timeout=PADDLEX_TIMEOUT, cwd=workdir,
-        check=False,
-    )  # fmt: skip
+    done = paddlex_pipeline.call(SCRIPT, spec_path, out_path, PADDLEX_TIMEOUT)
     if not out_path.exists():
-        output = (done.stdout + done.stderr)[-4000:]
-        raise PaddleXFailed(f"the script wrote nothing (exit {done.returncode}):\n{output}")
+        raise PaddleXFailed(f"the script wrote nothing ({done.why}):\n{done.output}")
     report: dict[str, Any] = orjson.loads(out_path.read_bytes())
     if not report["ok"]:
         raise PaddleXFailed(report["error"]["traceback"])
