@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from app.context import RequestContext
 from app.errors import BudgetExhausted
 from app.metrics import Metrics
 from app.store.sqlite import SqliteStore
-from app.usage.base import Budget, Counts, Refusal, month_days, resets_at
+from app.usage.base import Budget, Counts, DayTotals, Refusal, month_days, resets_at
 from app.usage.meter import Meter
 from app.usage.reading import StreamUsage, ask_for_usage, count_answer, pages_of, spliced
 from app.usage.sqlite import SqliteUsage
@@ -269,6 +270,43 @@ async def test_counts_wait_in_memory_until_the_flush(tmp_path: Path) -> None:
         assert [t.counts.values() for t in await meter.totals("a", day, day)] == [(1, 1, 100, 7)]
         await meter.flush()
         assert [t.counts.values() for t in await store.totals("a", day, day)] == [(1, 1, 100, 7)]
+    finally:
+        await store.close()
+
+
+class HeldReads(SqliteUsage):
+    """A usage store whose totals, once read, are held until `go` is set (a read in flight)."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        self.read, self.go = asyncio.Event(), asyncio.Event()
+
+    async def totals(self, key: str | None, start: str, end: str) -> list[DayTotals]:
+        found = await super().totals(key, start, end)
+        self.read.set()
+        await self.go.wait()
+        return found
+
+
+async def test_a_flush_during_a_read_out_counts_each_request_once(tmp_path: Path) -> None:
+    """GET /v1/usage while the flusher writes: the batch on its way to the store is counted
+    once, never lost between the store's totals and the pending counts (CI once read a
+    document's pages without its request)."""
+    store = HeldReads(tmp_path)
+    await store.open()
+    meter = meter_on(store)
+    try:
+        meter.job_page("a", "m", {"prompt_tokens": 5, "completion_tokens": 2})
+        day = meter.today()
+        reading = asyncio.create_task(meter.totals("a", day, day))
+        await store.read.wait()  # the store's totals are read: nothing flushed yet
+        flushing = asyncio.create_task(meter.flush())
+        await asyncio.sleep(0)  # the flush runs up to where it waits
+        store.go.set()
+        assert [t.counts.values() for t in await reading] == [(0, 1, 5, 2)]
+        await flushing
+        store.read.clear()
+        assert [t.counts.values() for t in await meter.totals("a", day, day)] == [(0, 1, 5, 2)]
     finally:
         await store.close()
 

@@ -68,6 +68,9 @@ class Meter:
         self._day = (-1, "")  # (days since the epoch, its date): one date string a day
         self._failing = False
         self._open = False
+        # a read-out and a flush never interleave: a batch on its way to the store would be in
+        # neither the store's totals read before it landed nor the pending counts read after
+        self._store_lock = asyncio.Lock()
 
     def today(self) -> str:
         """The UTC day, computed once a day."""
@@ -191,11 +194,13 @@ class Meter:
             pending.add(counts)
 
     async def totals(self, key: str | None, start: str, end: str) -> list[DayTotals]:
-        """The store's totals with this gateway's counts not flushed yet added in."""
-        stored = {(t.key, t.day): t.counts for t in await self.store.totals(key, start, end)}
-        for (name, day), counts in self._pending.items():
-            if (key is None or name == key) and start <= day <= end:
-                stored.setdefault((name, day), Counts()).add(counts)
+        """The store's totals with this gateway's counts not flushed yet added in (each count
+        once, whether a flush was under way or not)."""
+        async with self._store_lock:
+            stored = {(t.key, t.day): t.counts for t in await self.store.totals(key, start, end)}
+            for (name, day), counts in self._pending.items():
+                if (key is None or name == key) and start <= day <= end:
+                    stored.setdefault((name, day), Counts()).add(counts)
         return [DayTotals(name, day, counts) for (name, day), counts in sorted(stored.items())]
 
     async def start(self) -> None:
@@ -211,21 +216,24 @@ class Meter:
 
     async def flush(self) -> None:
         """Send the gathered counts to the store; kept for the next try if it fails."""
-        if not self._pending:
-            return
-        batch, self._pending = self._pending, {}
-        try:
-            if not self._open:
-                await self.store.open()
-                self._open = True
-            await self.store.add(batch)
-        except Exception as exc:  # kept and tried again: not lost to an outage
-            for pair, counts in batch.items():
-                self._pending.setdefault(pair, Counts()).add(counts)
-            if not self._failing:
-                log.warning("usage store %s: totals not written (%s); kept", self.store.where, exc)
-            self._failing = True
-            return
+        async with self._store_lock:
+            if not self._pending:
+                return
+            batch, self._pending = self._pending, {}
+            try:
+                if not self._open:
+                    await self.store.open()
+                    self._open = True
+                await self.store.add(batch)
+            except Exception as exc:  # kept and tried again: not lost to an outage
+                for pair, counts in batch.items():
+                    self._pending.setdefault(pair, Counts()).add(counts)
+                if not self._failing:
+                    log.warning(
+                        "usage store %s: totals not written (%s); kept", self.store.where, exc
+                    )
+                self._failing = True
+                return
         if self._failing:
             log.info("usage store %s: totals written again", self.store.where)
         self._failing = False
