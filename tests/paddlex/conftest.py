@@ -121,10 +121,6 @@ SCRIPT = Path(__file__).with_name("paddlex_serving.py")
 PADDLEX_TIMEOUT = 600.0  # the worker's import ~15 s on a busy machine; `infer` reads pages too
 
 
-class PaddleXFailed(RuntimeError):
-    """PaddleX's code raised, or its script died: the message carries the traceback."""
-
-
 def run_paddlex(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """tests/paddlex/paddlex_serving.py on `spec` in `.venv-paddleocr` (the session's PaddleX
     worker, tests/support/paddlex_pipeline.py's `worker()`); its report."""
@@ -133,8 +129,9 @@ def run_paddlex(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     spec_path.write_bytes(orjson.dumps(spec))
     done = paddlex_pipeline.call(SCRIPT, spec_path, out_path, PADDLEX_TIMEOUT)
     if not out_path.exists():
-        raise PaddleXFailed(f"the script wrote nothing ({done.why}):\n{done.output}")
+        wrote = f"the script wrote nothing ({done.why}):\n{done.output}"
+        raise paddlex_pipeline.PaddleXFailed(wrote)
     report: dict[str, Any] = orjson.loads(out_path.read_bytes())
     if not report["ok"]:
-        raise PaddleXFailed(report["error"]["traceback"])
+        raise paddlex_pipeline.PaddleXFailed(report["error"]["traceback"])
     return report

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import dns.exception
 import dns.resolver
+
+from tests.support.servers import free_port
 
 DOMAIN = "cluster.local"
 
@@ -33,7 +34,7 @@ class Dnsmasq:
         self.hosts = folder / "hosts"
         self.log_path = folder / "dnsmasq.log"
         self.hosts.write_text("")
-        self.port = _free_udp_port()
+        self.port = free_port(udp=True)
         self.address = f"127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
         self.records: dict[str, list[str]] = {}
@@ -100,17 +101,3 @@ class Dnsmasq:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"dnsmasq did not serve in time:\n{self.log_path.read_text()}")
             time.sleep(0.01)
-
-
-def _free_udp_port() -> int:
-    """A loopback port free for both UDP and TCP a moment ago (dnsmasq listens on both)."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            udp.bind(("127.0.0.1", 0))
-            port: int = udp.getsockname()[1]
-            with socket.socket() as tcp:
-                try:
-                    tcp.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port

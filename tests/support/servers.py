@@ -114,8 +114,9 @@ PORT_BASE, PORT_BLOCK = 20_000, 3_000
 _ports = random.Random()  # its own: a test that seeds `random` does not choose the ports
 
 
-def free_port() -> int:
-    """A loopback port that was free a moment ago (for servers that cannot take a socket).
+def free_port(*, udp: bool = False) -> int:
+    """A loopback port that was free a moment ago (for servers that cannot take a socket), for
+    TCP, and for UDP too with `udp` (dnsmasq listens on both).
 
     Below the kernel's ephemeral range (32768-60999 by default), so no outgoing connection takes
     it meanwhile, and in a block of its own for each xdist worker (`make test` runs the
@@ -124,15 +125,21 @@ def free_port() -> int:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
     index = int(worker[2:]) + 1 if worker[:2] == "gw" and worker[2:].isdigit() else 0
     low = PORT_BASE + index * PORT_BLOCK
+    kinds = (socket.SOCK_STREAM, socket.SOCK_DGRAM) if udp else (socket.SOCK_STREAM,)
     for _ in range(500):
         port = _ports.randrange(low, low + PORT_BLOCK)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        if all(_bindable(port, kind) for kind in kinds):
             return port
     raise RuntimeError(f"no free loopback port in {low}-{low + PORT_BLOCK - 1}")
+
+
+def _bindable(port: int, kind: socket.SocketKind) -> bool:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 @contextlib.contextmanager
