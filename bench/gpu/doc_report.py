@@ -16,6 +16,13 @@ whole), every window in the order it ran (`NN-NAME-cC.json`) and:
   page) (target ≤ 0.10), and the same with the GPU's busy time per page instead (nvidia-smi's
   utilisation over the window x its length ÷ the pages: an upper bound of the service's GPU time
   when it is alone on the GPU, what the share means when the forward is host-bound);
+- the same share with the layout model's own GPU kernel time (`layout-kernels.json`, bench.gpu.
+  layout_kernels: torch.profiler's CUDA kernel time per pass at batch sizes 1, 2, 4, 8): per
+  batch size, kernel ms per page ÷ (that + the blocks' floor ms per page); and per layout-service
+  window at the batch sizes it formed (its /metrics histogram): Σ over buckets passes x kernel ms
+  per pass at the bucket's upper bound (the measured batch size >= it; an upper bound, kernel
+  time grows with the batch; past the largest measured, its ms per page x the bound) ÷ the
+  window's pages, then ÷ (that + the blocks' floor);
 - the blocks' floor also with its prefill scaled from the whole page's by prompt tokens (`bench.
   gpu.floor` times each block's prefill alone, one small sequence per call: launch-bound, where
   vLLM's chunked prefill batches them), a second reading of the layout path's ratio;
@@ -139,7 +146,10 @@ def mean_of(rows: list[dict[str, Any]], name: str) -> tuple[float | None, list[i
 
 
 def targets(
-    rows: list[dict[str, Any]], blocks: dict[str, Any] | None, page: dict[str, Any] | None = None
+    rows: list[dict[str, Any]],
+    blocks: dict[str, Any] | None,
+    page: dict[str, Any] | None = None,
+    kernels: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Issue 36's two targets, and layout on ÷ off, each with the windows it rests on."""
     out: dict[str, Any] = {}
@@ -186,6 +196,69 @@ def targets(
             "gpu_busy_ms_per_page": gpu_ms, "share_by_gpu_busy": by_gpu,
             "met_by_gpu_busy": by_gpu <= TARGETS["layout_of_page_gpu_time"]
             if by_gpu is not None else None}  # fmt: skip
+    if kernels and blocks:
+        out["layout_of_page_gpu_time (kernel time)"] = kernel_share(kernels, rows, blocks)
+    return out
+
+
+def kernels_of(results: Path) -> dict[str, Any] | None:
+    path = results / "layout-kernels.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def window_kernel_ms(kernels: dict[str, Any], service: dict[str, Any]) -> tuple[float, bool] | None:
+    """A layout-service window's kernel ms per page at the batch sizes it formed: each bucket's
+    passes at the kernel ms per pass of the smallest measured batch >= its bound (past the
+    largest measured: that one's ms per page x the bound, `extrapolated`); None without pages
+    or with passes in an unbounded bucket."""
+    measured = sorted((int(size), line) for size, line in kernels["batches"].items())
+    histogram, pages = service.get("batches_by_size") or {}, service.get("pages")
+    if not measured or not histogram or not pages:
+        return None
+    total, extrapolated = 0.0, False
+    for bucket, passes in histogram.items():
+        if not passes:
+            continue
+        bound = float(bucket.removeprefix("<=").strip())
+        if bound == float("inf"):
+            return None
+        above = [line for size, line in measured if size >= bound]
+        if above:
+            total += passes * above[0]["kernel_ms_per_pass"]
+        else:
+            total += passes * measured[-1][1]["kernel_ms_per_page"] * bound
+            extrapolated = True
+    return total / pages, extrapolated
+
+
+def kernel_share(
+    kernels: dict[str, Any], rows: list[dict[str, Any]], blocks: dict[str, Any]
+) -> dict[str, Any]:
+    """The layout stage's share of a page's GPU time by the model's kernel time: per batch size
+    measured, and per layout-service window at the batch sizes it formed."""
+    floor, target = blocks["floor_ms_per_page"], TARGETS["layout_of_page_gpu_time"]
+    # cuda-kernels (CUPTI), cuda-events (an upper bound, when the profiler failed); cpu-ops: no GPU
+    gpu = all(t.startswith("cuda") for t in kernels.get("timer", "cuda-kernels").split(","))
+
+    def share(ms: float) -> dict[str, Any]:
+        value = ms / (ms + floor)
+        return {"kernel_ms_per_page": ms, "share": value, "met": value <= target if gpu else None}
+
+    out: dict[str, Any] = {
+        "timer": kernels.get("timer"), "gpu": kernels.get("gpu"), "dtype": kernels.get("dtype"),
+        "compile": kernels.get("compile"), "blocks_floor_ms_per_page": floor,
+        "by_batch": {size: share(line["kernel_ms_per_page"])
+                     for size, line in kernels["batches"].items()},
+        "windows": {}}  # fmt: skip
+    for r in rows:
+        service = r["layout_service"] or {}
+        found = window_kernel_ms(kernels, service) if r["name"].startswith("layout") else None
+        if found:
+            out["windows"][f"window {r['order']}, {r['name']}"] = share(found[0]) | {
+                "mean_batch": service.get("mean_batch"),
+                "batches_by_size": service.get("batches_by_size"),
+                "extrapolated": found[1],
+            }
     return out
 
 
@@ -228,6 +301,25 @@ def markdown(report: dict[str, Any]) -> str:
         )
     parts += ["", "## Targets (issue 36)", ""]
     parts += [f"- **{name}**: {json.dumps(value)}" for name, value in report["targets"].items()]
+    kernels = report.get("layout_kernels")
+    if kernels:
+        shares = (report["targets"].get("layout_of_page_gpu_time (kernel time)") or {}).get(
+            "by_batch", {})  # fmt: skip
+        parts += ["", "## The layout model's kernel time (bench.gpu.layout_kernels)", "",
+                  f"{kernels['gpu'] or kernels['device']}, {kernels['dtype']}, compile "
+                  f"{kernels['compile']}, input {kernels['input'][0]}x{kernels['input'][1]}, "
+                  f"{kernels['repeat']} passes, timer {kernels.get('timer')} "
+                  f"(warm-up {num(kernels['warm_up_s'], 1)} s)", "",
+                  "| batch | wall ms/pass | event ms/pass | kernel ms/pass | kernel ms/page "
+                  "| kernels/pass | share of page |", "|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+        for size, line in kernels["batches"].items():
+            share = (shares.get(size) or {}).get("share")
+            parts.append(
+                f"| {size} | {num(line['wall_ms_per_pass'])} | {num(line['event_ms_per_pass'])} "
+                f"| {num(line['kernel_ms_per_pass'])} | {num(line['kernel_ms_per_page'], 3)} "
+                f"| {num(line['kernels_per_pass'], 0)} "
+                f"| {f'{share:.1%}' if share is not None else ''} |"
+            )
     layout = [r for r in report["rows"] if r["layout_service"]]
     if layout:
         parts += ["", "## The layout service's own account and its GPU memory", ""]
@@ -259,8 +351,10 @@ def report(results: Path, out: Path, stem: str) -> int:
     floors = {"blocks": blocks, "page": page}
     if blocks and page:
         floors["blocks_prefill_scaled"] = scaled_prefill(blocks, page)
+    kernels = kernels_of(results)
     made = {"stem": stem, "results": str(results), "floors": floors, "rows": rows,
-            "targets": targets(rows, blocks, page), "target_values": TARGETS}  # fmt: skip
+            "targets": targets(rows, blocks, page, kernels), "target_values": TARGETS,
+            "layout_kernels": kernels}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(made, indent=1, default=str) + "\n")
     (out / f"{stem}.md").write_text(markdown(made))

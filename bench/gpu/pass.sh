@@ -2,7 +2,7 @@
 # The H200 passes (the tenth: issues 37 and 36) on the GPU host, one stage list per device call;
 # the calls, their carries and their order are bench/gpu/PLAN.md's. From the checkout root there:
 #
-#   bash bench/gpu/pass.sh receive K            # wheel part K (carry .gpu-wheels-032/chunkK)
+#   bash bench/gpu/pass.sh receive K            # wheel part K (carry .gpu-wheels-032s/chunkK; K = 1-39)
 #   bash bench/gpu/pass.sh receive 34 install prepare floor up pair check
 #   bash bench/gpu/pass.sh ready pair tokens closed stock closed plugin tail closed plugin
 #   bash bench/gpu/pass.sh closed stock down pair up default ready default closed default 512 tail
@@ -26,6 +26,9 @@
 #                      the corpus's blocks (bench.gpu.docpages mix, DOC_TOKENS output tokens
 #                      each) and its whole page (DOC_TOKENS x the blocks sent), into RES/floor-doc
 #   check              bench.gpu.encoder_check (the plugin's encoder against vLLM's), CHECK_S cap
+#   kernels            bench.gpu.layout_kernels on the layout checkpoint (after prepare): the
+#                      layout model's GPU kernel time per page at batches KERNEL_BATCHES (1,2,4,8),
+#                      KERNEL_REPEAT passes each (20), into RES/layout-kernels.json (docreport's)
 #   up|ready|down L    start (setsid: it outlives the call while the host is held), wait for,
 #                      stop layout L (SIGTERM to serve.sh, whose trap stops what it started;
 #                      DOWN_S s later SIGKILL to its process group, an MPS daemon it started quit)
@@ -35,7 +38,7 @@
 #                      pair layout's closed-loop pages/s (the same rate for every layout)
 #   report STEM        bench.gpu.pass_report into $OUT/STEM.md and .json
 #   docreport STEM     bench.gpu.doc_report (the eleventh pass's) into $OUT/STEM.md and .json
-#   preflight          (here, not on the host) what each planned call carries, under 63 MiB
+#   preflight          (here, not on the host) what each planned call carries: under 63 MiB
 # `tail`: TAIL_S s more load past the window under py-spy (watch.sh), outside its figures.
 #
 # Layouts: `stock` and `plugin` (one engine each, scripts/serve.sh with the profile but a fixed
@@ -87,17 +90,21 @@ LAYOUT_DIR=$WORK/pp-doclayout-v3-full
 # SERVE_SH: the serve.sh that starts every layout (default scripts/serve.sh); a pass that must
 # not see a file being edited between its calls carries a rehearsed copy (PLAN.md §4)
 SERVE_SH=${SERVE_SH:-scripts/serve.sh}
-preflight() {  # here, before the pass: what each planned call carries, with the checkout
+preflight() {  # here, before the pass: what each planned call carries, with the checkout, as
+  # the device tool counts it: disk usage (du's 4 KiB blocks: the checkout's ~900 small files
+  # count 13.3 MiB where their bytes are 11.4), 64 MiB a call; WHEELS=.gpu-wheels-032s holds
+  # parts of at most 46 MiB (PLAN.md, twelfth pass), the 52 MiB ones no longer fit beside it
+  local wheels=${WHEELS:-.gpu-wheels-032s} last
   tree=$(( $( (git ls-files -z; git ls-files -z --others --exclude-standard) \
-    | xargs -0 stat -c %s 2>/dev/null | paste -sd+ | bc) ))
+    | xargs -0 du -ck 2>/dev/null | tail -1 | cut -f1) * 1024 ))
+  last=$(ls -d "$wheels"/chunk* | sed 's/.*chunk//' | sort -n | tail -1)
   worst=0
-  for carry in "${WHEELS:-.gpu-wheels-032}"/chunk* "${WHEELS:-.gpu-wheels-032}/chunk$(ls -d \
-      "${WHEELS:-.gpu-wheels-032}"/chunk* | wc -l) .whl .gpu-tools"; do
-    size=$(( tree + $(du -scb $carry | tail -1 | cut -f1) ))
+  for carry in "$wheels"/chunk* "$wheels/chunk$last .whl .gpu-tools .pass-serve"; do
+    size=$(( tree + $(du -sck $carry | tail -1 | cut -f1) * 1024 ))
     [ "$size" -gt "$worst" ] && worst=$size
   done
   echo "preflight: the checkout $((tree / 1048576)) MiB; the largest call $((worst / 1048576)) MiB of 64"
-  [ "$worst" -le $((63 * 1048576)) ] || { echo "preflight: over 63 MiB" >&2; exit 1; }
+  [ "$worst" -le $((63 * 1048576)) ] || { echo "preflight: over 63 MiB (1 MiB of margin)" >&2; exit 1; }
 }
 
 if [ "${1:-}" = preflight ]; then preflight; exit; fi
@@ -328,7 +335,7 @@ while [ $# -gt 0 ]; do
   echo "=== $stage $(date -u +%T)"
   case $stage in
   receive)
-    bash bench/gpu/host/receive.sh "${WHEELS:-.gpu-wheels-032}" "${1:?receive K}"; shift ;;
+    bash bench/gpu/host/receive.sh "${WHEELS:-.gpu-wheels-032s}" "${1:?receive K}"; shift ;;
   install)
     bash bench/gpu/host/install.sh || exit 1
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site032 .whl/*.whl
@@ -378,6 +385,11 @@ while [ $# -gt 0 ]; do
       timeout "${CHECK_S:-120}" $ENGINE_PY -m bench.gpu.encoder_check ${CHECK_ARGS:-} \
         --out "$RES/encoder-check.json" || echo "encoder check: failed or cut at ${CHECK_S:-120} s"
     fi ;;
+  kernels)  # the layout model's kernel time per page (its forward is host-bound: wall != GPU)
+    kernel_args=(--device cuda --repeat "${KERNEL_REPEAT:-20}")
+    [ -z "${PASS_REHEARSAL:-}" ] || kernel_args=(--device cpu --repeat 2)
+    $ENGINE_PY -m bench.gpu.layout_kernels "$LAYOUT_DIR" --batches "${KERNEL_BATCHES:-1,2,4,8}" \
+      "${kernel_args[@]}" --out "$RES/layout-kernels.json" || echo "kernels failed" ;;
   up)  # stock and plugin read the pair's profile at their start: made here when missing (a
     # call's tree keeps no ignored file of the last call's)
     case ${1:?up LAYOUT} in stock | plugin | pair)

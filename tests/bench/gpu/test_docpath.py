@@ -202,3 +202,48 @@ def test_the_report_states_the_layout_path_against_its_own_floor_and_the_layout_
     assert (real_target["comparable"], real_target["met"]) == (False, None)
     assert made["rows"][1]["x_own_floor"] == pytest.approx(30 / 40)
     assert "| 1 | doc-on | c256 |" in (tmp_path / "o" / "p.md").read_text()
+
+
+def test_the_layout_share_by_kernel_time_takes_the_batch_sizes_each_window_formed(
+    tmp_path: Path,
+) -> None:
+    """Kernel ms per pass 1.0 / 1.6 / 2.8 / 5.0 at batches 1, 2, 4, 8 against a 50 ms blocks
+    floor: batch 8's 0.625 ms a page is 1.2 %; a window of 2 single passes, 10 of 3-4 pages and
+    98 of 5-8 (718 pages) is charged 2 x 1.0 + 10 x 2.8 + 98 x 5.0 = 520 ms; one with 10 passes
+    of 9-16 (150 pages) past the largest batch measured: 16 x 0.625 ms each, extrapolated."""
+    folder = tmp_path / "floor-doc" / "blocks"
+    folder.mkdir(parents=True)
+    (folder / "floor.json").write_text(json.dumps({"floor_ms_per_page": 50.0,
+                                                   "floor_pages_per_s": 20.0}))  # fmt: skip
+    per_pass = {"1": 1.0, "2": 1.6, "4": 2.8, "8": 5.0}
+    kernels = {"device": "cuda", "gpu": "NVIDIA H200", "dtype": "bfloat16", "compile": False,
+               "warm_up_s": 3.0, "input": [800, 800], "repeat": 20, "timer": "cuda-kernels",
+               "batches": {b: {"wall_ms_per_pass": 18.0 * int(b) ** 0.5, "event_ms_per_pass": 9.0,
+                               "kernel_ms_per_pass": ms, "kernel_ms_per_page": ms / int(b),
+                               "kernels_per_pass": 900} for b, ms in per_pass.items()}}  # fmt: skip
+    (tmp_path / "layout-kernels.json").write_text(json.dumps(kernels))
+    formed = {"<= 1": 2, "<= 2": 0, "<= 4": 10, "<= 8": 98, "<= 16": 0, "<= 32": 0}
+    big = dict.fromkeys(formed, 0) | {"<= 16": 10}
+    for order, histogram, pages in ((1, formed, 718), (2, big, 150)):
+        service = {"forward_ms_per_page": 2.0, "mean_batch": 7.0, "pages": pages,
+                   "batches_by_size": histogram}  # fmt: skip
+        (tmp_path / f"0{order}-layout-shipped-c64.json").write_text(
+            json.dumps(window("l", 60.0, 1, layout_service=service)))  # fmt: skip
+    assert doc_report.main([str(tmp_path), "--out", str(tmp_path / "o"), "--stem", "p"]) == 0
+    made = json.loads((tmp_path / "o" / "p.json").read_text())
+    share = made["targets"]["layout_of_page_gpu_time (kernel time)"]
+    assert share["by_batch"]["8"]["share"] == pytest.approx(0.625 / 50.625)
+    assert share["by_batch"]["1"]["met"] is True
+    first = share["windows"]["window 1, layout-shipped"]
+    assert first["kernel_ms_per_page"] == pytest.approx(520 / 718)
+    assert first["share"] == pytest.approx((520 / 718) / (520 / 718 + 50))
+    assert (first["met"], first["extrapolated"]) == (True, False)
+    second = share["windows"]["window 2, layout-shipped"]
+    assert second["kernel_ms_per_page"] == pytest.approx(10 * 16 * 0.625 / 150)
+    assert second["extrapolated"] is True
+    assert made["targets"]["layout_of_page_gpu_time (window 1, layout-shipped)"]["share"] == (
+        pytest.approx(2 / 52)
+    )  # the forward's wall-time reading, kept
+    text = (tmp_path / "o" / "p.md").read_text()
+    assert "## The layout model's kernel time" in text
+    assert "| 8 | 50.91 | 9.00 | 5.00 | 0.625 | 900 | 1.2% |" in text
