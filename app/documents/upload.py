@@ -213,8 +213,14 @@ def no_room(exc: OSError) -> Exception:
 def spool(upload: Upload, data: bytes | None, folder: str) -> tuple[str, bytes]:
     """Write the file where the workers can open it; (path, its first KiB). Blocking: run in
     a thread. A multipart upload's own spooled copy is closed once copied, so a document holds
-    one copy of its file while its pages are read, not two."""
-    fd, path = tempfile.mkstemp(prefix="ocr-", dir=folder)
+    one copy of its file while its pages are read, not two. A folder with no room even for
+    the file's name (no inode left, a quota reached) is refused as a full one is."""
+    try:
+        fd, path = tempfile.mkstemp(prefix="ocr-", dir=folder)
+    except OSError as exc:
+        if upload.upload is not None:
+            upload.upload.file.close()
+        raise no_room(exc) from None
     try:
         with os.fdopen(fd, "wb") as out:
             if upload.upload is not None:

@@ -83,6 +83,23 @@ async def test_no_room_while_the_upload_is_received_is_a_503(
     assert (await gateway_client.post("/v1/ocr", files=DOCUMENT)).status_code == 200
 
 
+async def test_no_room_to_create_the_file_is_the_same_503(
+    fake: FakeVLLM,
+    gateway_client: httpx.AsyncClient,
+    folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The spooled file cannot even be created (ENOSPC on mkstemp: no inode left): the same
+    503, not a 500, and the next document is read."""
+    with monkeypatch.context() as patch:
+        patch.setattr(upload.tempfile, "mkstemp", full)
+        refused = await gateway_client.post("/v1/ocr", files=DOCUMENT)
+    assert_no_room(refused)
+    assert fake.bodies == []
+    assert (await gateway_client.post("/v1/ocr", files=DOCUMENT)).status_code == 200
+    assert not leftovers(folder)
+
+
 def test_other_os_errors_stay_what_they_are() -> None:
     """Only ENOSPC and EDQUOT mean "no room"; EIO is not turned into a 503."""
     broken = OSError(errno.EIO, "I/O error")
