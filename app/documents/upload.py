@@ -215,13 +215,9 @@ def spool(upload: Upload, data: bytes | None, folder: str) -> tuple[str, bytes]:
     a thread. A multipart upload's own spooled copy is closed once copied, so a document holds
     one copy of its file while its pages are read, not two. A folder with no room even for
     the file's name (no inode left, a quota reached) is refused as a full one is."""
+    path = None
     try:
         fd, path = tempfile.mkstemp(prefix="ocr-", dir=folder)
-    except OSError as exc:
-        if upload.upload is not None:
-            upload.upload.file.close()
-        raise no_room(exc) from None
-    try:
         with os.fdopen(fd, "wb") as out:
             if upload.upload is not None:
                 source: IO[bytes] = upload.upload.file
@@ -230,7 +226,8 @@ def spool(upload: Upload, data: bytes | None, folder: str) -> tuple[str, bytes]:
             else:
                 out.write(data or b"")
     except OSError as exc:
-        remove(path)
+        if path is not None:
+            remove(path)
         raise no_room(exc) from None
     finally:
         if upload.upload is not None:

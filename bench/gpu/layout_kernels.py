@@ -8,8 +8,8 @@ The layout service (engine/layout/ocrvl_layout) is host-bound on a GPU: a forwar
 stage's share of a page's GPU time (issue 36: <= 10 %). For each batch size B this loads the
 checkpoint as the service does (`LayoutModel`: bf16 on CUDA, fp32 on the CPU; `--compile` as
 the service's --compile, its compilation in the warm-up), builds B pages of the document corpus
-(bench/gpu/docpages.py drawn and resized as the service resizes them; black bars on white
-without PIL), runs 3 warm-up passes, then times `repeat` passes three ways:
+(bench/gpu/docpages.py drawn and resized as the service resizes them), runs 3 warm-up passes,
+then times `repeat` passes three ways:
 
 - wall: perf_counter around `detect` (forward, post-processing, a synchronize);
 - event: CUDA events on the current stream around the forward alone (`outputs`); GPU only;
@@ -35,6 +35,9 @@ import numpy as np
 import torch
 import transformers
 from ocrvl_layout.model import BatchPage, LayoutModel
+from PIL import Image
+
+from bench.gpu.docpages import draw
 
 WARM_UP = 3
 THRESHOLD = 0.3  # the service's default score threshold for transformers' post-processing
@@ -42,21 +45,11 @@ THRESHOLD = 0.3  # the service's default score threshold for transformers' post-
 
 def pages(model: LayoutModel, count: int) -> list[BatchPage]:
     """`count` corpus pages at the model's input size, each with the size it was drawn at."""
-    prep = model.preprocessing
     made = []
     for number in range(count):
-        try:
-            from PIL import Image  # noqa: PLC0415
-
-            from bench.gpu.docpages import draw  # noqa: PLC0415
-
-            image = np.asarray(Image.open(io.BytesIO(draw(number))).convert("RGB"))
-        except ImportError:  # no PIL: text-like black bars on a white A4 page
-            image = np.full((1754, 1240, 3), 255, dtype=np.uint8)
-            for row in range(150, 1600, 36):
-                image[row : row + 14, 124 : 1116 - 40 * ((row // 36 + number) % 7)] = 0
+        image = np.asarray(Image.open(io.BytesIO(draw(number))).convert("RGB"))
         height, width = image.shape[:2]
-        made.append(BatchPage(prep.resize(image), width, height, THRESHOLD))
+        made.append(BatchPage(model.preprocessing.resize(image), width, height, THRESHOLD))
     return made
 
 

@@ -97,9 +97,9 @@ preflight() {  # here, before the pass: what each planned call carries, with the
   local wheels=${WHEELS:-.gpu-wheels-032s} last
   tree=$(( $( (git ls-files -z; git ls-files -z --others --exclude-standard) \
     | xargs -0 du -ck 2>/dev/null | tail -1 | cut -f1) * 1024 ))
-  last=$(ls -d "$wheels"/chunk* | sed 's/.*chunk//' | sort -n | tail -1)
+  last=$(dirname "$(ls "$wheels"/chunk*/SHA256)")  # the part `install` follows: with .whl, tools
   worst=0
-  for carry in "$wheels"/chunk* "$wheels/chunk$last .whl .gpu-tools .pass-serve"; do
+  for carry in "$wheels"/chunk* "$last .whl .gpu-tools .pass-serve"; do
     size=$(( tree + $(du -sck $carry | tail -1 | cut -f1) * 1024 ))
     [ "$size" -gt "$worst" ] && worst=$size
   done
