@@ -97,6 +97,50 @@ def test_ready_waits_for_the_warm_up_and_layout_requests_wait_with_it(
         release.set()
 
 
+@pytest.mark.parametrize(("compiled", "expected"), [(False, [1]), (True, [1, 4, 2, 3])])
+def test_a_compiled_service_warms_every_batch_size_before_it_is_ready(
+    monkeypatch: pytest.MonkeyPatch, compiled: bool, expected: list[int]
+) -> None:
+    """With --compile the warm-up runs every batch size up to --max-batch (1 and the largest
+    first) through the model before /ready says 200, so no batch size is first met under load
+    (the H200's thirteenth pass: a first batch of 2 stalled every request 130 s); eager warms one
+    page. torch.compile is replaced by the identity here (a fake: what is tested is which
+    batches run before ready, not torch's compiler, which takes minutes on this CPU)."""
+    import torch  # noqa: PLC0415
+    from ocrvl_layout.api import create_app  # noqa: PLC0415
+    from ocrvl_layout.model import LayoutModel  # noqa: PLC0415
+    from ocrvl_layout.settings import Settings  # noqa: PLC0415
+
+    compiled_models: list[object] = []
+
+    def identity(model: Any) -> Any:
+        compiled_models.append(model)
+        return model
+
+    monkeypatch.setattr(torch, "compile", identity)
+    batches: list[int] = []
+    detect = LayoutModel.detect
+
+    def counted(self: LayoutModel, pages: list[Any]) -> Any:
+        batches.append(len(pages))
+        return detect(self, pages)
+
+    monkeypatch.setattr(LayoutModel, "detect", counted)
+
+    async def scenario() -> None:
+        ready = asyncio.Event()
+        settings = Settings(
+            model=str(tiny_layout_dir()), device="cpu", max_batch=4, compile=compiled
+        )
+        app = create_app(settings, on_ready=lambda _: ready.set())
+        async with lifespan_client(app):
+            await asyncio.wait_for(ready.wait(), timeout=120)
+            assert batches == expected
+            assert len(compiled_models) == (1 if compiled else 0)
+
+    asyncio.run(scenario())
+
+
 def test_label_names_come_from_inference_yml_as_paddlex_reads_them(tmp_path: Path) -> None:
     """inference.yml's label_list names the classes (display_formula, not config.json's
     repeated `formula`); without it an id2label of repeated names reads as PaddleX's list, and

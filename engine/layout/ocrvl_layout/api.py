@@ -36,6 +36,17 @@ from ocrvl_layout.settings import Settings
 log = logging.getLogger("ocrvl_layout")
 
 
+def warm_up_sizes(max_batch: int, *, compiled: bool) -> tuple[int, ...]:
+    """The batch sizes the warm-up runs before the service says it is ready. Eager: one page.
+    Compiled: every size a batch can have, 1 and the largest first (torch compiles the second
+    with the batch dimension dynamic), so no size is first met under load: on the H200 the first
+    batch of 2 after a warm-up of 1 and 8 held every request 130 s (thirteenth pass,
+    docs/benchmarks.md), far past the gateway's 30 s layout timeout."""
+    if not compiled:
+        return (1,)
+    return tuple(dict.fromkeys((1, max_batch, *range(2, max_batch))))
+
+
 class Service:
     """Everything the routes use: settings, metrics, and (once loaded) the model and batcher."""
 
@@ -53,7 +64,7 @@ class Service:
         model = await loop.run_in_executor(
             None, lambda: LayoutModel(settings.model, settings.device, compile=settings.compile)
         )
-        sizes = (1, settings.max_batch) if settings.compile and settings.max_batch > 1 else (1,)
+        sizes = warm_up_sizes(settings.max_batch, compiled=settings.compile)
         seconds = await loop.run_in_executor(None, model.warm_up, sizes)
         self.batcher = Batcher(
             model,

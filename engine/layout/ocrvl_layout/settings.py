@@ -24,7 +24,9 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_batch: int = Field(8, ge=1, description="pages per forward pass, at most")
     max_wait_ms: float = Field(10.0, ge=0, description="how long a batch waits for more pages")
-    compile: bool = Field(False, description="torch.compile the model (warm-up compiles it)")
+    compile: bool = Field(
+        False, description="torch.compile the model (the warm-up compiles every batch size)"
+    )
     max_queue: int = Field(256, ge=1, description="pages waiting for a batch; more: 503")
     max_images: int = Field(32, ge=1, description="images in one request")
     max_pixels: int = Field(
