@@ -18,7 +18,7 @@ from tests.profiles.conftest import PROFILE_FILES
 WriteProfile = Callable[[str, str], Path]
 
 GOOD_A10 = """\
-gpu-memory-utilization: 0.67
+gpu-memory-utilization: 0.65
 max-model-len: 8192
 max-num-seqs: 256
 max-num-batched-tokens: 16384
@@ -30,7 +30,7 @@ mm-processor-cache-gb: 0
 """
 
 GOOD_V100 = """\
-gpu-memory-utilization: 0.77
+gpu-memory-utilization: 0.75
 max-model-len: 8192
 max-num-seqs: 256
 max-num-batched-tokens: 16384
@@ -165,7 +165,7 @@ def test_a_v100_profile_on_a_current_image_is_rejected(
 
 def test_memory_that_does_not_fit_fails(checker: Checker, profile_file: WriteProfile) -> None:
     """A utilization too low for weights and activations: negative KV memory, an error."""
-    path = profile_file("rtx3060-12gb", GOOD_A10.replace("0.67", "0.2"))
+    path = profile_file("rtx3060-12gb", GOOD_A10.replace("0.65", "0.2"))
     errors = [finding for finding in checker.check(path) if finding.error]
     assert len(errors) == 1
     assert errors[0].key is None
@@ -176,12 +176,12 @@ def test_a_budget_without_room_for_the_layout_service_fails(
     checker: Checker, profile_file: WriteProfile
 ) -> None:
     """0.95 of an A10 (the profile before the layout service shared its GPU) leaves 0.59 GiB
-    beside vLLM's context, less than the layout service's 6.01 GiB: an error naming both."""
-    path = profile_file("a10-24gb", GOOD_A10.replace("0.67", "0.95"))
+    beside vLLM's context, less than the layout service's 6.65 GiB: an error naming both."""
+    path = profile_file("a10-24gb", GOOD_A10.replace("0.65", "0.95"))
     errors = [finding for finding in checker.check(path) if finding.error]
     assert [finding.key for finding in errors] == [None]
     assert errors[0].message.startswith("no room for the layout service")
-    assert "needs 6.01 GiB" in errors[0].message
+    assert "needs 6.65 GiB" in errors[0].message
 
 
 def test_vllms_parser_catches_what_the_flag_set_cannot(

@@ -28,27 +28,53 @@ def test_the_share_covers_each_measured_peak_plus_a_context(batch: int, peak: fl
 
 
 def test_the_default_share_is_the_services_default_batch() -> None:
-    """--max-batch 8 (the service's default): 6.01 GiB kept outside vLLM's budget, its context
-    the 0.75 GiB of non-PyTorch memory measured beside the H200's engines (ninth pass), and 1.65x
+    """--max-batch 8 (the service's default): 6.65 GiB kept outside vLLM's budget, its context
+    the 0.75 GiB of non-PyTorch memory measured beside the H200's engines (ninth pass), and 1.85x
     the modelled peak of 3.19 GiB for what PyTorch's caching allocator reserves."""
     assert LAYOUT_MAX_BATCH == 8
     assert 0.75 * GiB == LAYOUT_CONTEXT_BYTES
-    assert RESERVED_OVER_PEAK == 1.65
-    assert round(layout_bytes() / GiB, 2) == 6.01
+    assert RESERVED_OVER_PEAK == 1.85
+    assert round(layout_bytes() / GiB, 2) == 6.65
 
 
-def test_the_share_holds_what_the_service_held_under_load_on_the_h200() -> None:
-    """Batch 8 beside the two engines under MPS: the tenth pass's 5.80 GiB after 40 s (about
-    5.05 GiB reserved beside its 0.75 GiB context, 1.58x the modelled peak) and the eleventh's
-    5,606 MiB over 120 s (4,840 MiB reserved, 1.48x; 766 MiB of context): the share is above
-    both processes and both reserves, and the factor above both ratios."""
+MEASURED_AT_BATCH_8_MIB = {
+    "tenth pass": (5.80 * 1024, (5.80 - 0.75) * 1024, None),
+    "eleventh pass": (5_606, 4_840, 3_155),
+    "thirteenth pass": (6_486, 5_722, 3_149),
+}
+"""The service at batch 8 on the H200 (eager, default allocator): MiB in all (nvidia-smi),
+reserved and peak allocated by PyTorch. The tenth pass read no PyTorch figures: its reserve is
+the total less the 0.75 GiB context. The tenth and eleventh beside the two engines under MPS
+(gpu-h200-2026-12-02-pass10.md, gpu-h200-2026-12-03-pass11.md), the thirteenth alone on the card
+with 64 clients for 120 s (gpu-h200-2026-12-03-pass13.md, window 02-layout-c64)."""
+
+
+@pytest.mark.parametrize(
+    ("total", "reserved", "allocated"),
+    MEASURED_AT_BATCH_8_MIB.values(),
+    ids=MEASURED_AT_BATCH_8_MIB.keys(),
+)
+def test_the_share_holds_what_the_service_held_under_load_on_the_h200(
+    total: float, reserved: float, allocated: int | None
+) -> None:
+    """Batch 8 under load: the share is above the whole process and its reserve above PyTorch's,
+    and the factor above the reserve's ratio to the modelled peak (1.58x, 1.48x, 1.75x) and to
+    the peak PyTorch measured (1.53x, 1.82x)."""
     peak = (layout_bytes() - LAYOUT_CONTEXT_BYTES) / RESERVED_OVER_PEAK
-    assert layout_bytes() >= 5.80 * GiB
-    assert layout_bytes() >= 5_606 * MiB
-    assert layout_bytes() - LAYOUT_CONTEXT_BYTES >= (5.80 - 0.75) * GiB
-    assert layout_bytes() - LAYOUT_CONTEXT_BYTES >= 4_840 * MiB
-    ratios = ((5.80 - 0.75) * GiB / peak, 4_840 * MiB / peak, 4_840 / 3_155)
+    assert layout_bytes() >= total * MiB
+    assert layout_bytes() - LAYOUT_CONTEXT_BYTES >= reserved * MiB
+    ratios = [reserved * MiB / peak] + ([reserved / allocated] if allocated else [])
     assert max(ratios) < RESERVED_OVER_PEAK
+
+
+def test_the_factor_keeps_a_margin_over_the_largest_measured_ratio() -> None:
+    """The thirteenth pass's 5,722 MiB reserved over the modelled peak of 3,267 MiB (1.75x) is
+    the largest ratio measured; the factor stays at least 5 % above it."""
+    peak = (layout_bytes() - LAYOUT_CONTEXT_BYTES) / RESERVED_OVER_PEAK
+    assert round(peak / MiB) == 3_267
+    ratios = [reserved * MiB / peak for _, reserved, _ in MEASURED_AT_BATCH_8_MIB.values()]
+    assert round(max(ratios), 2) == 1.75
+    assert 1.05 * max(ratios) <= RESERVED_OVER_PEAK
 
 
 def test_the_share_holds_what_the_service_had_when_it_ran_out() -> None:

@@ -92,13 +92,13 @@ def test_more_sequences_than_pages_warns_of_queueing(shape: ModelShape) -> None:
 
 def test_a_budget_that_leaves_no_room_for_the_layout_service_fails(shape: ModelShape) -> None:
     """The layout service shares the GPU: 0.8 of 12 GiB (11.40 GiB as CUDA counts it) leaves
-    1.78 GiB beside vLLM's context, less than the 6.01 GiB its context, weights, batch of 8 and
+    1.78 GiB beside vLLM's context, less than the 6.65 GiB its context, weights, batch of 8 and
     allocator's cache take (app/profiles/layout.py)."""
     result = plan(shape, EngineLimits(8192, 64, 16384, gpu_memory_utilization=0.8), 12 * GiB)
     assert result.layout_bytes == layout_bytes(LAYOUT_MAX_BATCH)
     assert [e for e in result.errors if e.startswith("no room for the layout service")] == [
         "no room for the layout service: gpu-memory-utilization 0.8 leaves 1.78 GiB beside "
-        "vLLM's CUDA context, and the layout service on the same GPU needs 6.01 GiB "
+        "vLLM's CUDA context, and the layout service on the same GPU needs 6.65 GiB "
         "(app/profiles/layout.py); lower it"
     ]
 
