@@ -16,7 +16,7 @@ import pytest
 from starlette import formparsers
 
 from app.documents import upload
-from tests.support.documents import pdf
+from tests.support.documents import full, leftovers, pdf
 from tests.support.fake_backend import FakeVLLM
 
 pytestmark = pytest.mark.anyio
@@ -28,16 +28,6 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The gateway's temp folder, empty at the start."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     return tmp_path
-
-
-def full(*_: Any, **__: Any) -> None:
-    """A write into a full filesystem."""
-    raise OSError(errno.ENOSPC, "No space left on device")
-
-
-def leftovers(folder: Path) -> list[Path]:
-    """Spooled document files still in the temp folder."""
-    return list(folder.glob("ocr-*"))
 
 
 def assert_no_room(response: Any) -> None:

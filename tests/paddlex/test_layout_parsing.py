@@ -6,7 +6,6 @@ the remote-file policy) on these routes, and the server serving on after each.""
 from __future__ import annotations
 
 import base64
-import errno
 import io
 import tempfile
 import uuid
@@ -21,7 +20,7 @@ from app.auth import KeyFile, KeyLimits
 from app.documents import upload
 from tests.conftest import CLIENT_KEY
 from tests.paddlex.conftest import PAGE_BOXES, Answering, b64, gateway, page_png, services
-from tests.support.documents import encrypted_pdf, pdf, png_bomb
+from tests.support.documents import encrypted_pdf, full, leftovers, pdf, png_bomb
 from tests.support.fake_backend import FakeVLLM
 from tests.support.layout_standin import LayoutStandin, box
 from tests.support.media import ImageHost
@@ -324,11 +323,6 @@ async def test_the_clients_log_id_comes_back_on_errors_too() -> None:
     assert response.json()["logId"] == "trace-7"
 
 
-def spooled(folder: Path) -> list[Path]:
-    """Document files still spooled in the temp folder."""
-    return list(folder.glob("ocr-*"))
-
-
 @pytest.mark.parametrize("where", ["write", "create"])
 async def test_a_full_temp_folder_is_a_503_in_the_envelope_and_leaves_no_file(
     where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -338,10 +332,6 @@ async def test_a_full_temp_folder_is_a_503_in_the_envelope_and_leaves_no_file(
     no file left in the temp folder, nothing sent to the backend, and the next file is read.
     A real disk cannot fill up on demand here: the call that would fail raises (an injected
     fault), as in tests/documents/test_spool.py."""
-
-    def full(*_: Any, **__: Any) -> Any:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with services() as (fake, layout):
         async with gateway(fake, layout) as client:
@@ -353,6 +343,6 @@ async def test_a_full_temp_folder_is_a_503_in_the_envelope_and_leaves_no_file(
                 refused = await client.post("/layout-parsing", json={"file": b64(PNG)})
             assert "temp folder is full" in envelope_error(refused, 503)
             assert refused.headers["retry-after"] == "5"
-            assert not spooled(tmp_path)
+            assert not leftovers(tmp_path)
             assert fake.bodies == []
             await serves_on(client)

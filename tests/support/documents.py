@@ -1,10 +1,14 @@
-"""Documents made in the test: multi-page PDFs and TIFFs, encrypted PDFs, decompression bombs."""
+"""Documents made in the test: multi-page PDFs and TIFFs, encrypted PDFs, decompression bombs;
+and the full temp folder they are spooled into (an injected ENOSPC, the files left there)."""
 
 from __future__ import annotations
 
+import errno
 import io
 import struct
 import zlib
+from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
@@ -106,3 +110,13 @@ def blank_pdf(count: int) -> bytes:
     out = io.BytesIO()
     images[0].save(out, format="PDF", save_all=True, append_images=images[1:])
     return out.getvalue()
+
+
+def full(*_: Any, **__: Any) -> None:
+    """A write into a full filesystem (an injected fault: a real disk cannot fill on demand)."""
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def leftovers(folder: Path) -> list[Path]:
+    """Spooled document files still in the temp folder."""
+    return list(folder.glob("ocr-*"))
