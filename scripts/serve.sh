@@ -41,7 +41,9 @@
 #   LAYOUT_PORT           its port on loopback (default 8300); LAYOUT_ARGS more of its flags
 #                         (e.g. "--compile"; docs/layout.md); LAYOUT_PYTHON the Python it runs in
 #                         (default the engine's: the venv's on the CPU, the one beside the GPU
-#                         build's `vllm`)
+#                         build's `vllm`). On a GPU its --max-batch is the profile's (the header's
+#                         `Layout service:` line: 2 on an RTX 3060, 4 on a T4, else 8) unless
+#                         LAYOUT_ARGS gives one
 #   TOGETHER=1            start the engines at once (the plan fixes each KV cache, so vLLM's
 #                         memory profiling cannot collide); default: each after the previous
 #                         one is healthy
@@ -158,8 +160,15 @@ if [ "$layout" = on ]; then
   fi
   layout_python=${layout_python:-$venv/bin/python}
   read -r -a layout_args <<<"${LAYOUT_ARGS:-}"
+  # On a GPU its batch is the profile's (the header's `Layout service: --max-batch N`, the batch
+  # the profile keeps room for); a --max-batch in LAYOUT_ARGS comes after it and wins.
+  layout_batch=()
+  if [ -n "$gpu_vllm" ]; then
+    batch=$(sed -n 's/^# Layout service: --max-batch \([0-9][0-9]*\).*/\1/p' "$config" | head -n 1)
+    [ -z "$batch" ] || layout_batch=(--max-batch "$batch")
+  fi
   layout_command=("$layout_python" -m ocrvl_layout --model "$layout_model" --host 127.0.0.1
-                  --port "$layout_port" "${layout_args[@]}")
+                  --port "$layout_port" "${layout_batch[@]}" "${layout_args[@]}")
   export OCRVL_LAYOUT_URL="http://127.0.0.1:$layout_port"
 fi
 

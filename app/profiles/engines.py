@@ -26,7 +26,6 @@ import math
 from dataclasses import dataclass, replace
 
 from app.profiles.gpus import Card
-from app.profiles.layout import layout_bytes
 from app.profiles.memory import (
     MAX_NUM_SEQS_CAP,
     UTILIZATION_CAP,
@@ -35,6 +34,7 @@ from app.profiles.memory import (
     MiB,
     cuda_total,
     derive,
+    layout_share,
     plan,
 )
 from app.profiles.shapes import GiB, ModelShape
@@ -133,7 +133,7 @@ def plan_engines(
         max_num_batched_tokens=max_num_batched_tokens,
     )
     limits = replace(limits, dtype_bytes=dtype_bytes)
-    layout = layout_bytes()
+    layout = layout_share(total_bytes)
     if engines == 1:
         engine = plan(shape, limits, total_bytes)
         left = cuda_total(total_bytes) - engine.budget_bytes - layout

@@ -38,6 +38,12 @@ outside vLLM's budget (`memory.utilization_for`, `engines.plan_engines`). Histor
 the peak alone, 0.75 + 3.19 = 3.94 GiB, through the eleventh pass, and 0.75 + 1.65 x 3.19 = 6.01
 GiB through the twelfth, which the thirteenth pass's 6.33 GiB exceeded.
 
+A small card keeps room for a smaller batch (`layout_batch_for`): the largest of 8, 4, 2 whose
+share is at most a third of the card, so that its one engine keeps a useful KV cache. The 12 GB
+RTX 3060 gets 2 (2.54 GiB; its engine holds 65 pages, 16 beside a batch of 8), the 16 GB T4 4
+(3.91 GiB; 117 pages, 48 beside 8), every card of 20 GiB and more 8. The profile's header gives
+the batch, `make serve` reads it, and compose's `compose/engines/<profile>.env` holds it.
+
 Compiled (torch.compile) the service reserves less: at batch 8 in the thirteenth pass 4,665 and
 4,123 MiB in all, reserved 3,860 and 3,328 MiB over peaks of 2,476 and 2,449 MiB (two windows).
 With `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` the eleventh pass measured it at
@@ -60,7 +66,11 @@ LAYOUT_BASE_BYTES = round(0.23 * GiB)
 LAYOUT_PAGE_BYTES = round(0.37 * GiB)
 """Activations per 800 x 800 page in a batch (bf16; fp32 would need about twice)."""
 LAYOUT_MAX_BATCH = 8
-"""The layout service's default `--max-batch`: the batch the profiles make room for."""
+"""The layout service's default `--max-batch`, and the largest batch a profile makes room for."""
+LAYOUT_BATCHES = (8, 4, 2, 1)
+"""The batches a profile may give the layout service, largest first (`layout_batch_for`)."""
+LAYOUT_SHARE_OF_CARD = 1 / 3
+"""The most of a card (CUDA's total) the layout service's share may take; the rest is vLLM's."""
 LAYOUT_CONTEXT_BYTES = 3 * GiB // 4
 """Its own CUDA context and non-PyTorch memory: 0.75 GiB measured on the H200 (above)."""
 RESERVED_OVER_PEAK = 1.85
@@ -76,3 +86,17 @@ def layout_bytes(max_batch: int = LAYOUT_MAX_BATCH) -> int:
         raise ValueError(f"the layout service's max batch must be 1 or more; got {max_batch}")
     peak = LAYOUT_BASE_BYTES + max_batch * LAYOUT_PAGE_BYTES
     return LAYOUT_CONTEXT_BYTES + round(RESERVED_OVER_PEAK * peak)
+
+
+def layout_batch_for(cuda_total_bytes: int) -> int:
+    """The layout service's `--max-batch` on a card of this CUDA total: the largest of 8, 4, 2
+    whose share is at most a third of the card, else 1.
+
+    A card of 20 GiB or more gets the default 8 (6.65 GiB); a 16 GB T4 (14.40 GiB) gets 4 (3.91
+    GiB), a 12 GB RTX 3060 (11.40 GiB) 2 (2.54 GiB), where 8 would leave its one engine a KV
+    cache of 16 pages: docs/gpu-profiles.md, "The layout service's share".
+    """
+    for batch in LAYOUT_BATCHES:
+        if layout_bytes(batch) <= cuda_total_bytes * LAYOUT_SHARE_OF_CARD:
+            return batch
+    return LAYOUT_BATCHES[-1]

@@ -10,7 +10,8 @@ The total is CUDA's, not nvidia-smi's: vLLM multiplies the utilization by what
 `cudaMemGetInfo` reports, which is nvidia-smi's `memory.total` less what the driver keeps
 (`DRIVER_RESERVED_BYTES`, measured on an H200). On a GPU the budget also leaves room for the
 layout service beside vLLM (`layout.py`): its CUDA context and what PyTorch's allocator
-reserves for its weights and largest batch stay outside every profile's share of the card.
+reserves for its weights and largest batch stay outside every profile's share of the card. That
+batch is the card's (`layout_batch`): 8, or less on a card where 8 would take over a third.
 
 The activation peak is the larger of vLLM's two profiling passes: the vision encoder over one
 encoder budget of images (max(max-num-batched-tokens, one image) visual tokens) and the language
@@ -26,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.profiles.gpus import Card
-from app.profiles.layout import layout_bytes
+from app.profiles.layout import layout_batch_for, layout_bytes
 from app.profiles.shapes import GiB, ModelShape
 
 MiB = 1024**2
@@ -130,6 +131,7 @@ class MemoryPlan:
     runtime_bytes: int
     graph_bytes: int
     profiled_images: int
+    layout_batch: int
     layout_bytes: int
     kv_bytes: int
     kv_bytes_per_token: int
@@ -180,6 +182,16 @@ def cuda_total(total_bytes: int) -> int:
     return total_bytes - DRIVER_RESERVED_BYTES
 
 
+def layout_batch(total_bytes: int) -> int:
+    """The layout service's `--max-batch` on a card of nvidia-smi's size (`layout_batch_for`)."""
+    return layout_batch_for(cuda_total(total_bytes))
+
+
+def layout_share(total_bytes: int) -> int:
+    """The layout service's share of a card of nvidia-smi's size, at the card's batch."""
+    return layout_bytes(layout_batch(total_bytes))
+
+
 def _budget(limits: EngineLimits, card_total: int | None) -> tuple[int, list[str]]:
     if limits.kv_cache_memory_bytes is not None or card_total is None:
         return 0, []
@@ -192,13 +204,13 @@ def _budget(limits: EngineLimits, card_total: int | None) -> tuple[int, list[str
             f"but only about {(total - CONTEXT_BYTES) / GiB:.2f} GiB is free once the CUDA "
             "context is up; lower it"
         ]
-    layout = layout_bytes()
+    layout = layout_share(card_total)
     if budget > total - CONTEXT_BYTES - layout:
         return budget, [
             f"no room for the layout service: gpu-memory-utilization {utilization} leaves "
             f"{(total - CONTEXT_BYTES - budget) / GiB:.2f} GiB beside vLLM's CUDA context, and "
-            f"the layout service on the same GPU needs {layout / GiB:.2f} GiB "
-            "(app/profiles/layout.py); lower it"
+            f"the layout service on the same GPU needs {layout / GiB:.2f} GiB at --max-batch "
+            f"{layout_batch(card_total)} (app/profiles/layout.py); lower it"
         ]
     return budget, []
 
@@ -250,6 +262,7 @@ def plan(shape: ModelShape, limits: EngineLimits, total_bytes: int | None = None
             f"max-model-len {limits.max_model_len:,} < {wanted:,} (a page plus PaddleOCR's "
             f"max_completion_tokens): a page that long ends with finish_reason `length`"
         )
+    batch = 0 if explicit is not None or total_bytes is None else layout_batch(total_bytes)
     return MemoryPlan(
         limits=limits,
         total_bytes=total_bytes,
@@ -259,7 +272,8 @@ def plan(shape: ModelShape, limits: EngineLimits, total_bytes: int | None = None
         encoder_cache_bytes=cache,
         runtime_bytes=runtime,
         graph_bytes=graphs,
-        layout_bytes=0 if explicit is not None or total_bytes is None else layout_bytes(),
+        layout_batch=batch,
+        layout_bytes=0 if batch == 0 else layout_bytes(batch),
         profiled_images=images,
         kv_bytes=kv,
         kv_bytes_per_token=per_token,
@@ -275,7 +289,7 @@ def plan(shape: ModelShape, limits: EngineLimits, total_bytes: int | None = None
 def utilization_for(total_bytes: int, geforce: bool = False) -> float:
     """The largest utilization that leaves the reserve and the layout service's share outside
     vLLM's budget, capped at 0.95."""
-    reserve = (GEFORCE_RESERVE_BYTES if geforce else RESERVE_BYTES) + layout_bytes()
+    reserve = (GEFORCE_RESERVE_BYTES if geforce else RESERVE_BYTES) + layout_share(total_bytes)
     total = cuda_total(total_bytes)
     return min(UTILIZATION_CAP, math.floor((total - reserve) / total * 100) / 100)
 
@@ -300,8 +314,9 @@ def derive(
 
     max-num-batched-tokens is the recipe's 16,384 unless given; where neither it nor the
     utilization is given and the activation peak of its encoder profiling leaves the KV cache
-    fewer than `MIN_PAGES` pages (the RTX 3060 beside the layout service), it is halved until
-    the cache holds them, down to one image.
+    fewer than `MIN_PAGES` pages, it is halved until the cache holds them, down to one image (no
+    catalogue card needs it since a small card's layout service batches fewer pages; the RTX 3060
+    did beside a batch of 8).
     """
 
     def fitted(tokens: int) -> EngineLimits:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from app.profiles.engines import EnginesPlan
+from app.profiles.layout import LAYOUT_MAX_BATCH, layout_bytes
 from app.profiles.memory import (
     MAX_NUM_SEQS_CAP,
     MIN_PAGES,
@@ -11,6 +14,7 @@ from app.profiles.memory import (
     TYPICAL_OUTPUT_TOKENS,
     MemoryPlan,
     cuda_total,
+    layout_batch,
 )
 from app.profiles.shapes import GiB, ModelShape
 
@@ -35,8 +39,8 @@ def describe(result: MemoryPlan, shape: ModelShape) -> str:
             f"  encoder cache         {_gib(result.encoder_cache_bytes)}",
             f"  runtime (non-torch)   {_gib(result.runtime_bytes)}",
             f"  CUDA graphs           {_gib(result.graph_bytes)}",
-            f"layout service          {_gib(result.layout_bytes)}  (outside the budget, on the "
-            "same GPU: app/profiles/layout.py)",
+            f"layout service          {_gib(result.layout_bytes)}  (--max-batch "
+            f"{result.layout_batch}, outside the budget, on the same GPU: app/profiles/layout.py)",
         ]
     lines += [
         f"KV cache                {_gib(result.kv_bytes)}  = {result.kv_tokens:,} tokens "
@@ -53,6 +57,28 @@ def describe(result: MemoryPlan, shape: ModelShape) -> str:
     lines += [f"error: {message}" for message in result.errors]
     lines += [f"warning: {message}" for message in result.warnings]
     return "\n".join(lines)
+
+
+def layout_paragraph(total_bytes: int) -> str:
+    """The `# Layout service: --max-batch N` paragraph of a GPU profile's header: the batch
+    compose and `make serve` give the layout service on that card, and why."""
+    batch = layout_batch(total_bytes)
+    share = layout_bytes(batch) / GiB
+    card = cuda_total(total_bytes) / GiB
+    if batch == LAYOUT_MAX_BATCH:
+        text = (
+            f"Layout service: --max-batch {batch}, its default: its share, {share:.2f} GiB, is "
+            f"within a third of the card's {card:.2f} GiB (app/profiles/layout.py)."
+        )
+    else:
+        text = (
+            f"Layout service: --max-batch {batch}, the largest batch whose share ({share:.2f} "
+            f"GiB) is within a third of the card's {card:.2f} GiB; its default of "
+            f"{LAYOUT_MAX_BATCH} would take {layout_bytes(LAYOUT_MAX_BATCH) / GiB:.2f} GiB "
+            "(app/profiles/layout.py)."
+        )
+    text += " Compose and `make serve` start it so; LAYOUT_MAX_BATCH changes it."
+    return textwrap.fill(text, width=99, initial_indent="# ", subsequent_indent="# ") + "\n"
 
 
 def yaml_block(result: MemoryPlan, shape: ModelShape) -> str:
@@ -84,8 +110,8 @@ def yaml_block(result: MemoryPlan, shape: ModelShape) -> str:
         [
             f"# The largest share of {cuda_total(total) / GiB:.2f} GiB (CUDA's total) that leaves "
             "the reserve and the",
-            f"# layout service's {result.layout_bytes / GiB:.2f} GiB outside vLLM's budget "
-            f"({result.budget_bytes / GiB:.2f} GiB):",
+            f"# layout service's {result.layout_bytes / GiB:.2f} GiB (--max-batch "
+            f"{result.layout_batch}) outside vLLM's budget ({result.budget_bytes / GiB:.2f} GiB):",
             f"#   weights {result.weights_bytes / GiB:.2f}, activation peak "
             f"{result.activation_bytes / GiB:.2f}, encoder cache "
             f"{result.encoder_cache_bytes / GiB:.2f}, runtime {result.runtime_bytes / GiB:.2f}, "
@@ -120,7 +146,8 @@ def describe_engines(result: EnginesPlan, shape: ModelShape) -> str:
         f"{result.engine.kv_bytes / GiB:.2f} + measured overhead {result.overhead_bytes / GiB:.2f}"
         " GiB (weights, CUDA graphs, context, activations: app/profiles/engines.py)",
         f"MPS server              {_gib(result.mps_bytes)}",
-        f"layout service          {_gib(result.layout_bytes)}  (app/profiles/layout.py)",
+        f"layout service          {_gib(result.layout_bytes)}  (--max-batch "
+        f"{layout_batch(total)}: app/profiles/layout.py)",
         f"left free at load       {_gib(result.left_bytes)}  ({result.engines} x "
         f"{result.margin_bytes / GiB:.2f} GiB margin, and rounding)",
         f"KV cache, all engines   {_gib(result.engines * result.engine.kv_bytes)}  = "

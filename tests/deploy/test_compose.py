@@ -43,7 +43,7 @@ COMPOSE_FILES = [
     *sorted((ROOT / "compose" / "engines").glob("*.yml")),
     *sorted((ROOT / "compose" / "layouts").glob("*.yml")),
 ]
-PER_PROFILE = {"ENGINES_PER_GPU"}
+PER_PROFILE = {"ENGINES_PER_GPU", "LAYOUT_MAX_BATCH"}
 """Variables whose default is the profile's own (.env.example shows them commented out)."""
 
 

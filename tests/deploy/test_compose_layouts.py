@@ -20,11 +20,12 @@ import pytest
 
 from app.profiles.engines import MPS_ENGINES, plan_for_card
 from app.profiles.gpus import CARDS, Card, card_for_profile
+from app.profiles.memory import layout_batch
 from app.profiles.parsers import ServeParser
 from app.profiles.reports import engines_env
 from app.profiles.shapes import load_shape
 from tests.deploy.compose import BASE, ROOT, compose_binary, profiles, resolved, run_config
-from tests.deploy.layouts import engines_file
+from tests.deploy.layouts import engines_file, layout_env_file
 
 PIPES = "/tmp/nvidia-mps"  # noqa: S108 (MPS's default pipe directory, shared by design)
 LAYOUTS = ROOT / "compose" / "layouts"
@@ -290,3 +291,47 @@ def test_the_one_gpu_layouts_follow_gpu_device(tmp_path: Path) -> None:
     assert [devices(services[name]) for name in ("mps", "vllm", "vllm-b", "layout")] == [
         [["3"]]
     ] * 4
+
+
+def layout_batch_of(services: dict[str, Any]) -> str:
+    """The layout service's --max-batch as compose resolved its command."""
+    command = services["layout"]["command"]
+    return str(command[command.index("--max-batch") + 1])
+
+
+@pytest.mark.parametrize("card", CARDS, ids=lambda card: card.profile)
+def test_every_profiles_layout_env_file_is_the_batch_its_card_has_room_for(card: Card) -> None:
+    """compose/engines/<profile>.env holds LAYOUT_MAX_BATCH as the memory model gives the card
+    (the header's `Layout service:` line, tests/profiles); the CPU profile has none."""
+    path = ROOT / "compose" / "engines" / f"{card.profile}.env"
+    assert path.read_text() == layout_env_file(card.profile)
+    assert f"LAYOUT_MAX_BATCH={layout_batch(card.memory_bytes)}\n" in path.read_text()
+    assert not (ROOT / "compose" / "engines" / "cpu.env").exists()
+
+
+@pytest.mark.parametrize(
+    ("profile", "expected"),
+    [("rtx3060-12gb", "2"), ("t4-16gb", "4"), ("l4-24gb", "8"), ("h200-141gb", "8"), ("cpu", "8")],
+)
+def test_plain_compose_gives_the_layout_service_its_cards_batch(
+    profile: str, expected: str, tmp_path: Path
+) -> None:
+    """GPU_PROFILE alone: the layout service's --max-batch is the one the profile keeps room for
+    (2 on a 12 GB RTX 3060, 4 on a 16 GB T4, 8 on larger cards), the service's 8 on the CPU."""
+    assert layout_batch_of(resolved([BASE], tmp_path, GPU_PROFILE=profile)["services"]) == expected
+
+
+def test_layout_max_batch_given_wins_over_the_profiles(tmp_path: Path) -> None:
+    """LAYOUT_MAX_BATCH in the shell or in .env (compose's --env-file here) wins over the
+    profile's file, on a GPU profile whose own batch differs and on one whose batch is 8."""
+    assert (
+        layout_batch_of(
+            resolved([BASE], tmp_path, GPU_PROFILE="rtx3060-12gb", LAYOUT_MAX_BATCH="1")["services"]
+        )
+        == "1"
+    )
+    env_file = tmp_path / "mine.env"
+    env_file.write_text("LAYOUT_MAX_BATCH=3\n")
+    for profile in ("rtx3060-12gb", "l4-24gb"):
+        services = resolved([BASE], tmp_path, env_file=env_file, GPU_PROFILE=profile)["services"]
+        assert layout_batch_of(services) == "3"

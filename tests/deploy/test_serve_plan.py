@@ -173,6 +173,27 @@ def test_a_real_model_gets_the_real_layout_checkpoint_or_the_one_named() -> None
     assert flags(layout_command(output))["model"] == "/m/layout"
 
 
+@pytest.mark.parametrize(
+    ("profile", "batch"), [("rtx3060-12gb", "2"), ("t4-16gb", "4"), ("l4-24gb", "8")]
+)
+def test_on_a_gpu_the_layout_service_gets_the_batch_its_profile_keeps_room_for(
+    profile: str, batch: str
+) -> None:
+    """A GPU profile: --max-batch from the header's `Layout service:` line (the batch whose share
+    the profile keeps outside vLLM's budget); one in LAYOUT_ARGS comes after it, so it wins. On
+    the CPU none is given: the service's own default."""
+    status, output = dry_run(VLLM_BIN="/bin/true", PROFILE=profile)
+    assert status == 0, output
+    assert flags(layout_command(output))["max-batch"] == batch
+    status, output = dry_run(VLLM_BIN="/bin/true", PROFILE=profile, LAYOUT_ARGS="--max-batch 1")
+    command = layout_command(output)
+    assert command.count("--max-batch") == 2
+    assert command[-2:] == ["--max-batch", "1"]
+    status, output = dry_run(MODEL="tiny", VLLM_BIN="")
+    assert status == 0, output
+    assert "--max-batch" not in layout_command(output)
+
+
 def test_layout_off_starts_no_layout_service_and_gives_the_gateway_none() -> None:
     """LAYOUT=off: no layout service, no OCRVL_LAYOUT_URL: /v1/ocr sends pages whole."""
     status, output = dry_run(MODEL="tiny", VLLM_BIN="", LAYOUT="off")

@@ -163,15 +163,16 @@ def test_two_engines_on_an_h200_keep_their_batches_and_most_of_the_kv(shape: Mod
 
 
 def test_a_small_card_has_no_room_for_two_engines(shape: ModelShape) -> None:
-    """A 12 GB RTX 3060: beside the layout service one engine holds 16 pages (8 at once), with
-    max-num-batched-tokens halved to 2,048 (16,384 and 8,192 leave it no KV cache, 4,096 fewer
-    than 8 pages), and two cannot start at all (no KV cache), so no fixed KV cache is planned for
-    them."""
+    """A 12 GB RTX 3060: beside the layout service at its card's batch of 2 (2.54 GiB) one engine
+    holds 65 pages (64 at once) with the recipe's max-num-batched-tokens; at batch 8 (6.65 GiB)
+    it held 16 (8 at once) and only with 2,048. Two cannot start at all (no KV cache), so no
+    fixed KV cache is planned for them."""
     card = card_for_profile("rtx3060-12gb")
     assert card is not None
     one = plan_for_card(card, shape, 1)
-    assert (one.errors, one.engine.concurrent_pages, one.limits.max_num_seqs) == ((), 16, 8)
-    assert one.limits.max_num_batched_tokens == 2048
+    assert round(one.layout_bytes / GiB, 2) == 2.54
+    assert (one.errors, one.engine.concurrent_pages, one.limits.max_num_seqs) == ((), 65, 64)
+    assert one.limits.max_num_batched_tokens == 16384
     two = plan_for_card(card, shape, 2)
     assert any("negative KV memory" in e for e in two.errors)
     assert two.limits.kv_cache_memory_bytes is None

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import pytest
 
+from app.profiles import PROFILES_DIR, ROOT
+from app.profiles.gpus import CARDS, Card
 from app.profiles.layout import (
+    LAYOUT_BATCHES,
     LAYOUT_CONTEXT_BYTES,
     LAYOUT_MAX_BATCH,
+    LAYOUT_SHARE_OF_CARD,
     RESERVED_OVER_PEAK,
+    layout_batch_for,
     layout_bytes,
 )
+from app.profiles.memory import cuda_total, layout_batch
+from app.profiles.reports import layout_paragraph
 from app.profiles.shapes import GiB
 
 MiB = 1024**2
@@ -87,3 +94,41 @@ def test_a_batch_below_one_is_refused() -> None:
     """No share for a service that batches nothing."""
     with pytest.raises(ValueError, match="1 or more"):
         layout_bytes(0)
+
+
+@pytest.mark.parametrize("card", CARDS, ids=lambda card: card.profile)
+def test_each_card_gets_the_largest_batch_whose_share_is_within_a_third_of_it(card: Card) -> None:
+    """The batch a profile keeps room for: its share at most a third of CUDA's total, and the
+    next larger batch of 8, 4, 2 over it (or the batch is 8, the service's default)."""
+    total = cuda_total(card.memory_bytes)
+    batch = layout_batch(card.memory_bytes)
+    assert batch in LAYOUT_BATCHES
+    assert layout_bytes(batch) <= total * LAYOUT_SHARE_OF_CARD
+    if batch < LAYOUT_MAX_BATCH:
+        assert layout_bytes(2 * batch) > total * LAYOUT_SHARE_OF_CARD
+
+
+def test_small_cards_get_smaller_batches_and_the_rest_eight() -> None:
+    """A 12 GB RTX 3060 (11.40 GiB to CUDA): 2 (2.54 GiB; 4 would take 3.91, 34 %); a 16 GB T4
+    (14.40 GiB): 4 (3.91 GiB; 8 would take 6.65, 46 %); every card of 20 GiB and more: 8."""
+    batches = {card.profile: layout_batch(card.memory_bytes) for card in CARDS}
+    assert batches.pop("rtx3060-12gb") == 2
+    assert batches.pop("t4-16gb") == 4
+    assert set(batches.values()) == {8}
+    assert round(layout_bytes(2) / GiB, 2) == 2.54
+    assert round(layout_bytes(4) / GiB, 2) == 3.91
+    assert layout_batch_for(round(19.9 * GiB)) == 4
+    assert layout_batch_for(20 * GiB) == 8
+    assert layout_batch_for(4 * GiB) == 1
+
+
+@pytest.mark.parametrize("card", CARDS, ids=lambda card: card.profile)
+def test_each_profile_header_gives_its_cards_layout_batch(card: Card) -> None:
+    """vllm_configs/<profile>.yaml says `# Layout service: --max-batch N` (scripts/serve.sh
+    reads it) in the memory model's words, and its budget comment names the same batch."""
+    text = (ROOT / PROFILES_DIR / f"{card.profile}.yaml").read_text()
+    assert layout_paragraph(card.memory_bytes) in text
+    batch = layout_batch(card.memory_bytes)
+    assert text.count("# Layout service: --max-batch ") == 1
+    assert f"# Layout service: --max-batch {batch}," in text
+    assert f"(--max-batch {batch}) outside vLLM's budget" in text

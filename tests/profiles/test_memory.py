@@ -92,15 +92,21 @@ def test_more_sequences_than_pages_warns_of_queueing(shape: ModelShape) -> None:
 
 def test_a_budget_that_leaves_no_room_for_the_layout_service_fails(shape: ModelShape) -> None:
     """The layout service shares the GPU: 0.8 of 12 GiB (11.40 GiB as CUDA counts it) leaves
-    1.78 GiB beside vLLM's context, less than the 6.65 GiB its context, weights, batch of 8 and
-    allocator's cache take (app/profiles/layout.py)."""
+    1.78 GiB beside vLLM's context, less than the 2.54 GiB its context, weights, batch of 2 (the
+    batch a 12 GiB card gets) and allocator's cache take; on 24 GiB, 0.8 leaves 4.18 GiB, less
+    than its 6.65 GiB at batch 8 (app/profiles/layout.py)."""
     result = plan(shape, EngineLimits(8192, 64, 16384, gpu_memory_utilization=0.8), 12 * GiB)
-    assert result.layout_bytes == layout_bytes(LAYOUT_MAX_BATCH)
+    assert (result.layout_batch, result.layout_bytes) == (2, layout_bytes(2))
     assert [e for e in result.errors if e.startswith("no room for the layout service")] == [
         "no room for the layout service: gpu-memory-utilization 0.8 leaves 1.78 GiB beside "
-        "vLLM's CUDA context, and the layout service on the same GPU needs 6.65 GiB "
-        "(app/profiles/layout.py); lower it"
+        "vLLM's CUDA context, and the layout service on the same GPU needs 2.54 GiB at "
+        "--max-batch 2 (app/profiles/layout.py); lower it"
     ]
+    result = plan(shape, EngineLimits(8192, 64, 16384, gpu_memory_utilization=0.8), 24 * GiB)
+    assert (result.layout_batch, result.layout_bytes) == (8, layout_bytes(LAYOUT_MAX_BATCH))
+    assert any(
+        "leaves 4.18 GiB" in e and "needs 6.65 GiB at --max-batch 8" in e for e in result.errors
+    )
 
 
 def test_the_budget_is_a_share_of_the_total_cuda_reports(shape: ModelShape) -> None:
