@@ -41,9 +41,11 @@
 #   LAYOUT_PORT           its port on loopback (default 8300); LAYOUT_ARGS more of its flags
 #                         (e.g. "--compile"; docs/layout.md); LAYOUT_PYTHON the Python it runs in
 #                         (default the engine's: the venv's on the CPU, the one beside the GPU
-#                         build's `vllm`). On a GPU its --max-batch is the profile's (the header's
-#                         `Layout service:` line: 2 on an RTX 3060, 4 on a T4, else 8) unless
-#                         LAYOUT_ARGS gives one
+#                         build's `vllm`)
+#   LAYOUT_MAX_BATCH=N    its --max-batch (default on a GPU: the profile's, its header's
+#                         `Layout service:` line: 2 on an RTX 3060, 4 on a T4, else 8, the batch
+#                         the profile keeps room for; on the CPU the service's own 8); a
+#                         --max-batch in LAYOUT_ARGS comes after it and wins
 #   TOGETHER=1            start the engines at once (the plan fixes each KV cache, so vLLM's
 #                         memory profiling cannot collide); default: each after the previous
 #                         one is healthy
@@ -71,6 +73,9 @@ dry=${DRY_RUN:-}
 [[ "$engines" =~ ^([1-9][0-9]*)?$ ]] || { echo "make serve: ENGINES must be 1 or more" >&2; exit 2; }
 layout=${LAYOUT:-on}
 [[ "$layout" =~ ^(on|off)$ ]] || { echo "make serve: LAYOUT must be on or off" >&2; exit 2; }
+layout_max_batch=${LAYOUT_MAX_BATCH:-}
+[[ "$layout_max_batch" =~ ^([1-9][0-9]*)?$ ]] ||
+  { echo "make serve: LAYOUT_MAX_BATCH must be 1 or more" >&2; exit 2; }
 layout_port=${LAYOUT_PORT:-8300}
 gateway_venv=${GATEWAY_VENV:-.venv-gateway}  # the gateway at the image's pins (locks/)
 if [ -x "$gateway_venv/bin/ocrvl" ]; then ocrvl=("$gateway_venv/bin/ocrvl")
@@ -160,13 +165,15 @@ if [ "$layout" = on ]; then
   fi
   layout_python=${layout_python:-$venv/bin/python}
   read -r -a layout_args <<<"${LAYOUT_ARGS:-}"
-  # On a GPU its batch is the profile's (the header's `Layout service: --max-batch N`, the batch
-  # the profile keeps room for); a --max-batch in LAYOUT_ARGS comes after it and wins.
-  layout_batch=()
-  if [ -n "$gpu_vllm" ]; then
-    batch=$(sed -n 's/^# Layout service: --max-batch \([0-9][0-9]*\).*/\1/p' "$config" | head -n 1)
-    [ -z "$batch" ] || layout_batch=(--max-batch "$batch")
+  # Its batch: LAYOUT_MAX_BATCH, else on a GPU the profile's (the header's `Layout service:
+  # --max-batch N`, the batch the profile keeps room for); a --max-batch in LAYOUT_ARGS comes
+  # after it and wins.
+  if [ -z "$layout_max_batch" ] && [ -n "$gpu_vllm" ]; then
+    layout_max_batch=$(sed -n 's/^# Layout service: --max-batch \([0-9][0-9]*\).*/\1/p' "$config" |
+                       head -n 1)
   fi
+  layout_batch=()
+  [ -z "$layout_max_batch" ] || layout_batch=(--max-batch "$layout_max_batch")
   layout_command=("$layout_python" -m ocrvl_layout --model "$layout_model" --host 127.0.0.1
                   --port "$layout_port" "${layout_batch[@]}" "${layout_args[@]}")
   export OCRVL_LAYOUT_URL="http://127.0.0.1:$layout_port"

@@ -180,11 +180,16 @@ def test_on_a_gpu_the_layout_service_gets_the_batch_its_profile_keeps_room_for(
     profile: str, batch: str
 ) -> None:
     """A GPU profile: --max-batch from the header's `Layout service:` line (the batch whose share
-    the profile keeps outside vLLM's budget); one in LAYOUT_ARGS comes after it, so it wins. On
-    the CPU none is given: the service's own default."""
+    the profile keeps outside vLLM's budget); LAYOUT_MAX_BATCH replaces it, and one in
+    LAYOUT_ARGS comes after it, so it wins. On the CPU none is given (the service's own 8)
+    unless LAYOUT_MAX_BATCH is."""
     status, output = dry_run(VLLM_BIN="/bin/true", PROFILE=profile)
     assert status == 0, output
     assert flags(layout_command(output))["max-batch"] == batch
+    status, output = dry_run(VLLM_BIN="/bin/true", PROFILE=profile, LAYOUT_MAX_BATCH="3")
+    assert status == 0, output
+    assert layout_command(output).count("--max-batch") == 1
+    assert flags(layout_command(output))["max-batch"] == "3"
     status, output = dry_run(VLLM_BIN="/bin/true", PROFILE=profile, LAYOUT_ARGS="--max-batch 1")
     command = layout_command(output)
     assert command.count("--max-batch") == 2
@@ -192,6 +197,17 @@ def test_on_a_gpu_the_layout_service_gets_the_batch_its_profile_keeps_room_for(
     status, output = dry_run(MODEL="tiny", VLLM_BIN="")
     assert status == 0, output
     assert "--max-batch" not in layout_command(output)
+    status, output = dry_run(MODEL="tiny", VLLM_BIN="", LAYOUT_MAX_BATCH="5")
+    assert flags(layout_command(output))["max-batch"] == "5"
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_a_layout_batch_below_one_is_refused_before_anything_starts(value: str) -> None:
+    """LAYOUT_MAX_BATCH must be a whole number of pages, 1 or more."""
+    status, output = dry_run(MODEL="tiny", VLLM_BIN="", LAYOUT_MAX_BATCH=value)
+    assert status == 2
+    assert "LAYOUT_MAX_BATCH must be 1 or more" in output
+    assert not layout_command(output)
 
 
 def test_layout_off_starts_no_layout_service_and_gives_the_gateway_none() -> None:
