@@ -132,7 +132,6 @@ class MemoryPlan:
     graph_bytes: int
     profiled_images: int
     layout_batch: int
-    layout_bytes: int
     kv_bytes: int
     kv_bytes_per_token: int
     kv_blocks: int
@@ -141,6 +140,11 @@ class MemoryPlan:
     concurrent_pages: int
     errors: tuple[str, ...]
     warnings: tuple[str, ...]
+
+    @property
+    def layout_bytes(self) -> int:
+        """The layout service's share kept outside the budget: 0 without one (CPU, fixed KV)."""
+        return 0 if self.layout_batch == 0 else layout_bytes(self.layout_batch)
 
 
 def kv_cache_tokens(
@@ -204,13 +208,14 @@ def _budget(limits: EngineLimits, card_total: int | None) -> tuple[int, list[str
             f"but only about {(total - CONTEXT_BYTES) / GiB:.2f} GiB is free once the CUDA "
             "context is up; lower it"
         ]
-    layout = layout_share(card_total)
+    batch = layout_batch(card_total)
+    layout = layout_bytes(batch)
     if budget > total - CONTEXT_BYTES - layout:
         return budget, [
             f"no room for the layout service: gpu-memory-utilization {utilization} leaves "
             f"{(total - CONTEXT_BYTES - budget) / GiB:.2f} GiB beside vLLM's CUDA context, and "
             f"the layout service on the same GPU needs {layout / GiB:.2f} GiB at --max-batch "
-            f"{layout_batch(card_total)} (app/profiles/layout.py); lower it"
+            f"{batch} (app/profiles/layout.py); lower it"
         ]
     return budget, []
 
@@ -273,7 +278,6 @@ def plan(shape: ModelShape, limits: EngineLimits, total_bytes: int | None = None
         runtime_bytes=runtime,
         graph_bytes=graphs,
         layout_batch=batch,
-        layout_bytes=0 if batch == 0 else layout_bytes(batch),
         profiled_images=images,
         kv_bytes=kv,
         kv_bytes_per_token=per_token,
