@@ -159,7 +159,8 @@ class Runner:
             log.warning("job %s paused: %s", job.id, exc.message)
         except Exception as exc:
             log.exception("job %s failed", job.id)
-            await self._end(job, FAILED, _error(f"the job stopped: {type(exc).__name__}: {exc}"))
+            kept = await self.store.get(job.id) or job  # its pages kept before it stopped
+            await self._end(kept, FAILED, _error(f"the job stopped: {type(exc).__name__}: {exc}"))
         finally:
             self.events.running.dec()
             await asyncio.to_thread(shutil.rmtree, folder, True)
@@ -176,14 +177,17 @@ class Runner:
         await self._end(kept, SUCCEEDED, None)
 
     async def _end(self, job: Job, status: str, error: dict[str, Any] | None) -> None:
+        """Move `job` (read after its last page settled, so its counts are final) to `status`.
+        The count and the `ended` line go out with no await after the move: a client that
+        sees the job ended finds it in /metrics and in the log already."""
         now = time.time()
         changes = {"finished_at": now, "expires_at": now + self._settings.job_ttl, "error": error}
         if not await self.store.transition(job.id, (RUNNING,), status, changes):
             return  # cancelled meanwhile, or another gateway finished it
+        self.events.event(job, "ended", status, pages_failed=job.pages_failed)
         await self.store.drop_document(job.id)
         ended = await self.store.get(job.id) or job
         await self.release(ended)
-        self.events.event(ended, "ended", status, pages_failed=ended.pages_failed)
         url = job.spec.get("callback_url")
         if url:
             delivery = asyncio.create_task(self.webhooks.deliver(url, ended.id, job_object(ended)))

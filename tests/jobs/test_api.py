@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from app.main import create_app
+from app.store.sqlite import SqliteStore
 from tests.conftest import CLIENT_KEY, settings_for
 from tests.support.documents import pdf
 from tests.support.fake_backend import FakeVLLM
@@ -231,10 +232,22 @@ async def test_a_bad_callback_url_is_a_400_and_a_good_one_is_called(
 
 
 async def test_job_metrics_and_one_access_line_per_event(
-    fake: FakeVLLM, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    fake: FakeVLLM,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """/metrics counts the job by status and its pages with their latency; the access log has
-    one `job` line per event, naming the key but never holding it or the pages' text."""
+    """/metrics counts the job by status and its pages with their latency, already when a
+    client first sees it ended (the store's clean-up after the move made slow on purpose, as a
+    loaded disk makes it); the access log has one `job` line per event, naming the key but
+    never holding it or the pages' text."""
+    drop_document = SqliteStore.drop_document
+
+    async def slow_drop(self: SqliteStore, job_id: str) -> None:
+        await asyncio.sleep(2)  # 8 of the long-poll's store reads
+        await drop_document(self, job_id)
+
+    monkeypatch.setattr(SqliteStore, "drop_document", slow_drop)
     access = logging.getLogger("ocrvl.access")
     access.addHandler(caplog.handler)  # the gateway's JSON handler does not propagate
     try:
