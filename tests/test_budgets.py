@@ -17,7 +17,9 @@ import httpx
 import pytest
 
 from app.auth import KeyFile, KeyLimits
+from app.jobs.runner import Runner
 from app.main import create_app
+from app.store.sqlite import SqliteStore
 from tests.batches.test_api import ENDED, batch_of, jsonl, request_line, until
 from tests.conftest import settings_for
 from tests.jobs.test_api import until_ended
@@ -131,6 +133,41 @@ async def test_a_failed_jobs_pages_are_given_back(
         job = (await submit(client, 4)).json()
         assert (await until_ended(client, job["id"]))["status"] == "failed"
         assert await until_used(client, 0) == 0
+
+
+async def test_a_job_ending_as_its_gateway_stops_still_gives_back_its_pages(
+    fake: FakeVLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway stops just after a failed job's move to its end, its clean-up held on
+    purpose until the stop has begun: the clean-up still finishes, so the next gateway on the
+    same data dir shows the reserved pages given back and the document gone."""
+    dropping, stopping = asyncio.Event(), asyncio.Event()
+    drop_document, close = SqliteStore.drop_document, Runner.close
+
+    async def held_drop(self: SqliteStore, job_id: str) -> None:
+        dropping.set()
+        await stopping.wait()
+        await drop_document(self, job_id)
+
+    async def closing(self: Runner) -> None:
+        stopping.set()  # the held clean-up goes on, and the stop cancels the job's task now
+        await close(self)
+
+    monkeypatch.setattr(SqliteStore, "drop_document", held_drop)
+    monkeypatch.setattr(Runner, "close", closing)
+    fake.mode = "status"
+    async with gateway(fake, tmp_path, 10) as (client, headers):
+        job = (await submit(client, 4)).json()
+        await asyncio.wait_for(dropping.wait(), 60)
+        assert (await client.get(f"/v1/ocr/jobs/{job['id']}")).json()["status"] == "failed"
+        assert await used(client) == 4  # reserved still: the clean-up is held
+    settings = settings_for(
+        fake.url, api_keys_file=tmp_path / "keys.json", data_dir=tmp_path / "data",
+        preprocess_workers=1,
+    )  # fmt: skip
+    async with lifespan_client(create_app(settings), headers=headers) as client:
+        assert await used(client) == 0
+    assert list((tmp_path / "data" / "documents").iterdir()) == []
 
 
 async def test_batches_past_the_budget_fail_at_validation(

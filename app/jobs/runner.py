@@ -71,6 +71,7 @@ class Runner:
         self._settings = settings
         self._running: dict[str, asyncio.Task[None]] = {}
         self._deliveries: set[asyncio.Task[bool]] = set()
+        self._settling: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
         self._swept = 0.0
 
@@ -85,6 +86,13 @@ class Runner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # an ended job's clean-up runs to its end (its document dropped, its pages given back);
+        # a callback it started now goes the way of the others
+        await asyncio.gather(*self._settling, return_exceptions=True)
+        late = list(self._deliveries)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
         for job_id in held:
             with contextlib.suppress(Exception):
                 await self.store.release(job_id, self.holder)
@@ -185,8 +193,20 @@ class Runner:
         if not await self.store.transition(job.id, (RUNNING,), status, changes):
             return  # cancelled meanwhile, or another gateway finished it
         self.events.event(job, "ended", status, pages_failed=job.pages_failed)
-        await self.store.drop_document(job.id)
-        ended = await self.store.get(job.id) or job
+        settle = asyncio.create_task(self._settle(job))
+        self._settling.add(settle)
+        settle.add_done_callback(self._settling.discard)
+        await asyncio.shield(settle)  # cancelled now (a stop, a lost lease), it still runs
+
+    async def _settle(self, job: Job) -> None:
+        """An ended job's clean-up: its document dropped, its unanswered pages given back, its
+        callback started (a store that stops answering leaves the document to the TTL sweep)."""
+        try:
+            await self.store.drop_document(job.id)
+            ended = await self.store.get(job.id) or job
+        except StoreUnavailable as exc:
+            log.warning("job %s ended; its clean-up stopped: %s", job.id, exc.message)
+            ended = job
         await self.release(ended)
         url = job.spec.get("callback_url")
         if url:
