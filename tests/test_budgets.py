@@ -135,12 +135,14 @@ async def test_a_failed_jobs_pages_are_given_back(
         assert await until_used(client, 0) == 0
 
 
-async def test_a_job_ending_as_its_gateway_stops_still_gives_back_its_pages(
-    fake: FakeVLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("kind", ["job", "batch"])
+async def test_work_ending_as_its_gateway_stops_still_gives_back_its_pages(
+    kind: str, fake: FakeVLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The gateway stops just after a failed job's move to its end, its clean-up held on
-    purpose until the stop has begun: the clean-up still finishes, so the next gateway on the
-    same data dir shows the reserved pages given back and the document gone."""
+    """The gateway stops just after a job (every page failed: 4 reserved, none answered) or a
+    batch (4 lines, 2 of them no request) reached its end, its clean-up held on purpose until
+    the stop has begun: the clean-up still finishes, so the next gateway on the same data dir
+    shows the unanswered pages given back and the input gone."""
     dropping, stopping = asyncio.Event(), asyncio.Event()
     drop_document, close = SqliteStore.drop_document, Runner.close
 
@@ -150,24 +152,31 @@ async def test_a_job_ending_as_its_gateway_stops_still_gives_back_its_pages(
         await drop_document(self, job_id)
 
     async def closing(self: Runner) -> None:
-        stopping.set()  # the held clean-up goes on, and the stop cancels the job's task now
+        stopping.set()  # the held clean-up goes on, and the stop cancels the work's task now
         await close(self)
 
     monkeypatch.setattr(SqliteStore, "drop_document", held_drop)
     monkeypatch.setattr(Runner, "close", closing)
-    fake.mode = "status"
     async with gateway(fake, tmp_path, 10) as (client, headers):
-        job = (await submit(client, 4)).json()
+        if kind == "job":
+            fake.mode = "status"
+            job = (await submit(client, 4)).json()
+            seen, ended, left = f"/v1/ocr/jobs/{job['id']}", "failed", 0
+        else:
+            data = jsonl(request_line("a"), {"custom_id": "b"}, request_line("c"), "{not json")
+            batch = await batch_of(client, data)
+            seen, ended, left = f"/v1/batches/{batch['id']}", "completed", 2
         await asyncio.wait_for(dropping.wait(), 60)
-        assert (await client.get(f"/v1/ocr/jobs/{job['id']}")).json()["status"] == "failed"
+        assert (await client.get(seen)).json()["status"] == ended
         assert await used(client) == 4  # reserved still: the clean-up is held
     settings = settings_for(
         fake.url, api_keys_file=tmp_path / "keys.json", data_dir=tmp_path / "data",
         preprocess_workers=1,
     )  # fmt: skip
     async with lifespan_client(create_app(settings), headers=headers) as client:
-        assert await used(client) == 0
-    assert list((tmp_path / "data" / "documents").iterdir()) == []
+        assert await used(client) == left
+    kept = tmp_path / "data" / ("documents" if kind == "job" else "batch-inputs")
+    assert list(kept.iterdir()) == []
 
 
 async def test_batches_past_the_budget_fail_at_validation(

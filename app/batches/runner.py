@@ -176,9 +176,7 @@ class BatchRunner(Runner):
         extra = {**extra, stamp: now, "output_file_id": output, "error_file_id": errors}
         changes = {"extra": extra, "finished_at": now, "expires_at": now + ttl}
         if await self.store.transition(batch_id, (RUNNING,), status, changes):
-            await self.store.drop_document(batch_id)
-            await self.release(await self.store.get(batch_id) or job)
-            log.info("batch %s %s: %d lines", batch_id, status, job.pages_done)
+            await self._settled(self._ended(job, f"{status}: {job.pages_done} lines"))
 
     async def _fail(self, job: Job, errors: list[dict[str, Any]]) -> None:
         """The batch failed (at validation, or the store lost its input)."""
@@ -186,9 +184,14 @@ class BatchRunner(Runner):
         extra = {**job.extra, "failed_at": now, "errors": {"object": "list", "data": errors}}
         changes = {"extra": extra, "finished_at": now, "expires_at": now + self._settings.job_ttl}
         if await self.store.transition(job.id, (RUNNING,), FAILED, changes):
-            await self.store.drop_document(job.id)
-            await self.release(job)
-            log.info("batch %s failed: %s", job.id, errors[0]["code"])
+            await self._settled(self._ended(job, f"failed: {errors[0]['code']}"))
+
+    async def _ended(self, job: Job, how: str) -> None:
+        """A batch that reached its end: its input dropped, its unanswered lines given back
+        (no line runs any more, so the store's counts are final)."""
+        await self.store.drop_document(job.id)
+        await self.release(await self.store.get(job.id) or job)
+        log.info("batch %s %s", job.id, how)
 
     def _after_cancel(self, batch_id: str) -> None:
         task = asyncio.create_task(self.finish_cancelled(batch_id))

@@ -19,7 +19,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -193,10 +193,15 @@ class Runner:
         if not await self.store.transition(job.id, (RUNNING,), status, changes):
             return  # cancelled meanwhile, or another gateway finished it
         self.events.event(job, "ended", status, pages_failed=job.pages_failed)
-        settle = asyncio.create_task(self._settle(job))
-        self._settling.add(settle)
-        settle.add_done_callback(self._settling.discard)
-        await asyncio.shield(settle)  # cancelled now (a stop, a lost lease), it still runs
+        await self._settled(self._settle(job))
+
+    async def _settled(self, clean_up: Coroutine[Any, Any, None]) -> None:
+        """Run an ended job's `clean_up` to its end: cancelled meanwhile (a stop, a lost
+        lease), the job's task stops waiting for it, but it goes on and `close` waits for it."""
+        task = asyncio.create_task(clean_up)
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+        await asyncio.shield(task)
 
     async def _settle(self, job: Job) -> None:
         """An ended job's clean-up: its document dropped, its unanswered pages given back, its
