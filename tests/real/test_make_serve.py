@@ -4,11 +4,9 @@ Ctrl-C stopping all cleanly."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -27,7 +25,7 @@ from tests.conftest import (
     wait_until_up,
 )
 from tests.support.prometheus import metric
-from tests.support.servers import free_port
+from tests.support.servers import free_port, free_ports
 
 pytestmark = pytest.mark.vllm
 
@@ -46,7 +44,7 @@ def make_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
     in its own process group as a terminal runs it; Ctrl-C at the end. (One start for the whole
     module: each costs CI two engine starts. SIGTERM to make alone, what a service manager
     sends, is tests/real/test_serve_stop.py's.)"""
-    vllm_port, port = free_port_pair(), free_port()
+    vllm_port, port = free_ports(2), free_port()
     log = Path(tmp_path_factory.mktemp("make-serve")) / "make-serve.log"
     env = {
         **engine_environment(),
@@ -138,16 +136,6 @@ def test_a_client_that_gives_up_frees_the_engine(make_serve: tuple[int, int, Pat
             break
         assert time.monotonic() < deadline, "vLLM kept running the abandoned request"
         time.sleep(0.05)
-
-
-def free_port_pair() -> int:
-    """A port whose next one is free too (serve.sh numbers the engines' ports on from it)."""
-    for _ in range(50):
-        first = free_port()
-        with contextlib.suppress(OSError), socket.socket() as probe:
-            probe.bind(("127.0.0.1", first + 1))
-            return first
-    raise RuntimeError("no two consecutive free ports")
 
 
 def test_two_engines_serve_through_one_gateway(make_serve: tuple[int, int, Path]) -> None:

@@ -112,6 +112,7 @@ def serving(app: Served) -> Iterator[Served]:
 
 PORT_BASE, PORT_BLOCK = 20_000, 3_000
 _ports = random.Random()  # its own: a test that seeds `random` does not choose the ports
+_given: set[int] = set()  # ports this process handed out: never twice while the block has others
 
 
 def free_port(*, udp: bool = False) -> int:
@@ -120,17 +121,32 @@ def free_port(*, udp: bool = False) -> int:
 
     Below the kernel's ephemeral range (32768-60999 by default), so no outgoing connection takes
     it meanwhile, and in a block of its own for each xdist worker (`make test` runs the
-    in-process tiers on two), so two workers never pick the same one.
+    in-process tiers on two), so two workers never pick the same one. Never one this process
+    handed out already: two parts a test starts get two ports even before either binds (CI
+    once drew one port for a gateway and its layout service).
     """
+    return free_ports(1, udp=udp)
+
+
+def free_ports(count: int, *, udp: bool = False) -> int:
+    """The first of `count` consecutive free loopback ports (`make serve` numbers its engines'
+    ports on from VLLM_PORT), none handed out before by this process; see free_port."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
     index = int(worker[2:]) + 1 if worker[:2] == "gw" and worker[2:].isdigit() else 0
     low = PORT_BASE + index * PORT_BLOCK
     kinds = (socket.SOCK_STREAM, socket.SOCK_DGRAM) if udp else (socket.SOCK_STREAM,)
-    for _ in range(500):
-        port = _ports.randrange(low, low + PORT_BLOCK)
-        if all(_bindable(port, kind) for kind in kinds):
-            return port
-    raise RuntimeError(f"no free loopback port in {low}-{low + PORT_BLOCK - 1}")
+    for fresh_only in (True, False):  # the second round once the block's fresh ones are out
+        if not fresh_only:
+            _given.clear()  # the early ones' servers are long gone
+        for _ in range(500):
+            first = _ports.randrange(low, low + PORT_BLOCK - count + 1)
+            run = range(first, first + count)
+            if fresh_only and not _given.isdisjoint(run):
+                continue
+            if all(_bindable(port, kind) for port in run for kind in kinds):
+                _given.update(run)
+                return first
+    raise RuntimeError(f"no {count} free loopback ports in {low}-{low + PORT_BLOCK - 1}")
 
 
 def _bindable(port: int, kind: socket.SocketKind) -> bool:
