@@ -190,6 +190,16 @@ export OCRVL_BACKENDS OCRVL_BACKEND_API_KEY="$backend_key"
 # the old one answers its health checks (seen on the H200: a gateway left by an interrupted run)
 listeners=("${backends[@]%%;*}" "http://127.0.0.1:$port")
 [ "$layout" = off ] || listeners+=("http://127.0.0.1:$layout_port")
+taken=" "  # two of this run's parts on one port: the second would never bind
+for busy in "${listeners[@]}"; do
+  busy_port=${busy##*:}
+  if [[ "$taken" == *" $busy_port "* ]]; then
+    echo "make serve: port $busy_port is given twice (engine i listens on VLLM_PORT+i;" \
+      "PORT and LAYOUT_PORT must differ from those and from each other)" >&2
+    exit 2
+  fi
+  taken+="$busy_port "
+done
 for busy in "${listeners[@]}"; do
   busy_port=${busy##*:}
   if (echo >"/dev/tcp/127.0.0.1/$busy_port") 2>/dev/null; then

@@ -232,3 +232,32 @@ def test_a_port_already_in_use_is_refused_before_anything_starts(whose: str) -> 
     assert f"port {taken} is already in use" in output
     assert not engines(output)
     assert not layout_command(output)
+
+
+@pytest.mark.parametrize(
+    "ports",
+    [
+        {"PORT": "9300", "LAYOUT_PORT": "9300"},  # CI once drew the same free port for both
+        {"VLLM_PORT": "9100", "PORT": "9101"},  # the second engine's
+        {"VLLM_PORT": "9100", "LAYOUT_PORT": "9101"},
+    ],
+)
+def test_a_port_given_twice_is_refused_before_anything_starts(ports: dict[str, str]) -> None:
+    """Two of the run's parts on one port (with two engines, on VLLM_PORT and the one after):
+    the second would never bind while the first answered for it, so serve.sh says so, exit 2."""
+    status, output = dry_run(MODEL="tiny", ENGINES="2", VLLM_BIN="", **ports)
+    assert status == 2
+    twice = ports.get("LAYOUT_PORT", ports.get("PORT"))
+    assert f"port {twice} is given twice" in output
+    assert not engines(output)
+    assert not layout_command(output)
+
+
+def test_distinct_ports_start_every_part() -> None:
+    """The same run on three distinct ports plans both engines and the layout service."""
+    status, output = dry_run(
+        MODEL="tiny", ENGINES="2", VLLM_BIN="", VLLM_PORT="9100", PORT="9300", LAYOUT_PORT="9102"
+    )
+    assert status == 0, output
+    assert len(engines(output)) == 2
+    assert layout_command(output)
