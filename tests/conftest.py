@@ -56,7 +56,11 @@ def anyio_backend() -> str:
 def fake() -> Iterator[FakeVLLM]:
     """A FakeVLLM on a loopback port; `fake.url` is its base URL."""
     with serving(FakeVLLM()) as backend:
-        yield backend
+        try:
+            yield backend
+        finally:
+            if backend.gate is not None:
+                backend.gate.set()  # a test that failed before opening it holds no answer
 
 
 def settings_for(*backends: str, **overrides: Any) -> Settings:

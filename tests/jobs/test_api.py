@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -194,14 +195,18 @@ async def test_cancel_aborts_the_pages_in_flight(fake: FakeVLLM, tmp_path: Path)
 
 
 async def test_the_wait_returns_when_the_status_changes(fake: FakeVLLM, tmp_path: Path) -> None:
-    """A long-poll on a queued job returns once it runs, well before `wait` runs out."""
-    fake.delay = 2
+    """A long-poll on a queued job returns once it runs (its one page held until then), well
+    before `wait` runs out."""
+    fake.gate = threading.Event()
     async with gateway(fake, tmp_path / "data") as client:
         job = (await submit(client, pdf(1))).json()
         started = time.monotonic()
-        seen = (await client.get(f"/v1/ocr/jobs/{job['id']}", params={"wait": "30"})).json()
+        try:
+            seen = (await client.get(f"/v1/ocr/jobs/{job['id']}", params={"wait": "30"})).json()
+        finally:
+            fake.gate.set()
         assert seen["status"] == "running"
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < 25
 
 
 async def test_a_bad_callback_url_is_a_400_and_a_good_one_is_called(

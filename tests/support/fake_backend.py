@@ -74,6 +74,7 @@ class FakeVLLM:
     headers: list[dict[str, str]] = field(default_factory=list)
     disconnected: threading.Event = field(default_factory=threading.Event)
     chat_started: threading.Event = field(default_factory=threading.Event)
+    gate: threading.Event | None = None  # when given, every chat answer waits until it is set
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -98,6 +99,8 @@ class FakeVLLM:
         self.chat_started.set()
         if self.delay:
             await asyncio.sleep(self.delay)
+        while self.gate is not None and not await asyncio.to_thread(self.gate.wait, 0.1):
+            pass  # the test opens it once it has seen what it holds the answer for
         if self.hang_after is not None and len(self.bodies) > self.hang_after:
             self.mode = "hang"
         if self.mode == "status":
