@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -189,11 +190,15 @@ class Runner:
         The count and the `ended` line go out with no await after the move: a client that
         sees the job ended finds it in /metrics and in the log already."""
         now = time.time()
-        changes = {"finished_at": now, "expires_at": now + self._settings.job_ttl, "error": error}
+        expires = now + self._settings.job_ttl
+        changes = {"finished_at": now, "expires_at": expires, "error": error}
         if not await self.store.transition(job.id, (RUNNING,), status, changes):
             return  # cancelled meanwhile, or another gateway finished it
-        self.events.event(job, "ended", status, pages_failed=job.pages_failed)
-        await self._settled(self._settle(job))
+        ended = dataclasses.replace(  # the record as the store keeps it now
+            job, status=status, finished_at=now, expires_at=expires, error=error
+        )
+        self.events.event(ended, "ended", status, pages_failed=ended.pages_failed)
+        await self._settled(self._settle(ended))
 
     async def _settled(self, clean_up: Coroutine[Any, Any, None]) -> None:
         """Run an ended job's `clean_up` to its end: cancelled meanwhile (a stop, a lost
@@ -203,17 +208,16 @@ class Runner:
         task.add_done_callback(self._settling.discard)
         await asyncio.shield(task)
 
-    async def _settle(self, job: Job) -> None:
-        """An ended job's clean-up: its document dropped, its unanswered pages given back, its
-        callback started (a store that stops answering leaves the document to the TTL sweep)."""
+    async def _settle(self, ended: Job) -> None:
+        """An ended job's clean-up: its document dropped (a store that stops answering leaves
+        it to the TTL sweep), its unanswered pages given back, its callback started."""
         try:
-            await self.store.drop_document(job.id)
-            ended = await self.store.get(job.id) or job
+            await self.store.drop_document(ended.id)
         except StoreUnavailable as exc:
-            log.warning("job %s ended; its clean-up stopped: %s", job.id, exc.message)
-            ended = job
+            log.warning("job %s ended; its document stays until it expires: %s", ended.id,
+                        exc.message)  # fmt: skip
         await self.release(ended)
-        url = job.spec.get("callback_url")
+        url = ended.spec.get("callback_url")
         if url:
             delivery = asyncio.create_task(self.webhooks.deliver(url, ended.id, job_object(ended)))
             self._deliveries.add(delivery)
