@@ -199,9 +199,6 @@ for busy in "${listeners[@]}"; do
     exit 2
   fi
   taken+="$busy_port "
-done
-for busy in "${listeners[@]}"; do
-  busy_port=${busy##*:}
   if (echo >"/dev/tcp/127.0.0.1/$busy_port") 2>/dev/null; then
     echo "make serve: port $busy_port is already in use (VLLM_PORT, PORT, LAYOUT_PORT choose" \
       "others)" >&2

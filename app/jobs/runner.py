@@ -198,7 +198,7 @@ class Runner:
             job, status=status, finished_at=now, expires_at=expires, error=error
         )
         self.events.event(ended, "ended", status, pages_failed=ended.pages_failed)
-        await self._settled(self._settle(ended))
+        await self._settled(self._clean_up(ended))
 
     async def _settled(self, clean_up: Coroutine[Any, Any, None]) -> None:
         """Run an ended job's `clean_up` to its end: cancelled meanwhile (a stop, a lost
@@ -208,7 +208,7 @@ class Runner:
         task.add_done_callback(self._settling.discard)
         await asyncio.shield(task)
 
-    async def _settle(self, ended: Job) -> None:
+    async def _clean_up(self, ended: Job) -> None:
         """An ended job's clean-up: its document dropped (a store that stops answering leaves
         it to the TTL sweep), its unanswered pages given back, its callback started."""
         try:
