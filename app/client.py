@@ -11,9 +11,11 @@ import json
 import os
 import re
 import sys
-import time
 from pathlib import Path
 from typing import IO, Any
+
+from app.jobs.commands import Refused, follow, refused
+from app.progress import Progress
 
 FORMATS = ("md", "json", "ndjson")
 FIGURE_NAME = re.compile(r"imgs/[A-Za-z0-9_.-]+\.jpg")
@@ -92,8 +94,6 @@ def _read_file(http: Any, file: Path, args: argparse.Namespace) -> int:
         if (value := getattr(args, name)) is not None
     }
     if args.job:
-        from app.jobs.commands import Refused, follow  # noqa: PLC0415
-
         target = _output(file, args)
         try:
             return follow(http, file, fields, target.path, target.fmt)
@@ -126,8 +126,6 @@ def _handle(event: dict[str, Any], out: Writer, progress: Progress) -> None:
 
 
 def _error_message(response: Any) -> str:
-    from app.jobs.commands import refused  # noqa: PLC0415 (its 401 hint names --key)
-
     try:
         return refused(response, json.loads(response.content)["error"]["message"])
     except (ValueError, KeyError, TypeError):
@@ -239,45 +237,3 @@ class Writer:
         partial = self.path.with_name(self.path.name + ".partial")
         partial.write_text(text, encoding="utf-8")
         partial.replace(self.path)  # readers never see half a file
-
-
-class Progress:
-    """`name [#####-----] 3/5 pages  1.2 pages/s` on a terminal; nothing otherwise."""
-
-    WIDTH = 24
-
-    def __init__(self, name: str, stream: IO[str]) -> None:
-        self.name, self.stream = name, stream
-        self.enabled = stream.isatty()
-        self.total = self.done = self.failed = 0
-        self.started = time.monotonic()
-
-    def start(self, total: int) -> None:
-        """The page count is known."""
-        self.total, self.started = total, time.monotonic()
-        self._draw()
-
-    def step(self, failed: bool) -> None:
-        """One more page is back."""
-        self.done += 1
-        self.failed += failed
-        self._draw()
-
-    def finish(self) -> None:
-        """End the bar's line."""
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def _draw(self) -> None:
-        if not self.enabled:
-            return
-        elapsed = max(time.monotonic() - self.started, 1e-6)
-        filled = self.WIDTH * self.done // max(self.total, 1)
-        bar = "#" * filled + "-" * (self.WIDTH - filled)
-        failed = f"  {self.failed} failed" if self.failed else ""
-        self.stream.write(
-            f"\r{self.name} [{bar}] {self.done}/{self.total} pages  "
-            f"{self.done / elapsed:.2f} pages/s{failed}"
-        )
-        self.stream.flush()

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from app.documents.fanout import PROMPTS
+from app.documents.job import PROMPTS
 from app.paddlex.schema import InferRequest, RestructurePagesRequest
 
 Open = ConfigDict(extra="allow")  # answers may grow fields; a client must ignore unknown ones

@@ -6,6 +6,7 @@ selection   the `pages` option ("1-3,7") and its resolution against a page count
 raster      runs in the worker processes: PDF pages (pypdfium2), images (Pillow), bomb checks
 resize      PaddleOCR-VL's `smart_resize`, EXIF orientation, RGB, encoding
 workers     the process pool the lifespan owns (OCRVL_PREPROCESS_WORKERS)
+job         what to read (OcrJob) and each page's answer (PageResult): fanout and parsing share them
 fanout      pages to the backends through the same relay as chat, bounded per request
 otsl        the table model's OTSL tokens as an HTML table
 output      the answer: JSON, an NDJSON stream, or markdown

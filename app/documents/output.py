@@ -10,7 +10,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.documents.fanout import PageResult
+from app.documents.job import PageResult
 
 NDJSON = "application/x-ndjson"
 MARKDOWN = "text/markdown"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from starlette.types import Receive
@@ -24,14 +24,12 @@ from app.context import RequestContext
 from app.documents import crops, markdown
 from app.documents.crops import PagePlan, PlannedBlock
 from app.documents.errors import DocumentError
+from app.documents.job import OcrJob, PageResult
 from app.documents.layouts import LayoutService
 from app.documents.markdown import BlockAnswer
 from app.documents.workers import Preprocessor
 from app.errors import ClientClosed, GatewayError, UpstreamError
 from app.proxy import Relay
-
-if TYPE_CHECKING:
-    from app.documents.fanout import OcrJob, PageResult
 
 log = logging.getLogger("ocrvl.documents")
 BLOCK_MAX_TOKENS = 4096  # PaddleX's pipeline default (`max_new_tokens`) for a block
@@ -54,8 +52,6 @@ async def parse_page(
     job: OcrJob, index: int, tools: Pipeline, parent: RequestContext, receive: Receive
 ) -> PageResult:
     """Page `index` of `job` read block by block; its error in the result when it failed."""
-    from app.documents.fanout import PageResult  # noqa: PLC0415 (fanout imports this module)
-
     number = index + 1
     try:
         page = await tools.preprocessor.run(crops.layout_page, job.source, index)

@@ -21,7 +21,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from app import policy
 from app.bodies import capped
 from app.documents.errors import DocumentError
-from app.documents.fanout import PROMPTS
+from app.documents.job import PROMPTS
 from app.documents.layout_options import LayoutOptions, parse_layout
 from app.documents.selection import PageSelection
 from app.errors import InvalidRequest, Overloaded, PayloadTooLarge, quoted

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.progress import Progress
+
 ACCEPT = {"md": "text/markdown", "json": "application/json", "ndjson": "application/x-ndjson"}
 POLL_EVERY = 1.0
 INTERRUPTED = 130
@@ -158,8 +160,6 @@ def write_result(http: Any, job_id: str, out: Path | None, fmt: str | None) -> i
 
 def follow(http: Any, file: Path, fields: dict[str, str], out: Path | None, fmt: str | None) -> int:
     """Submit `file` as a job, draw its progress from its status, then write its result."""
-    from app.client import Progress  # noqa: PLC0415
-
     with file.open("rb") as handle:
         files = {"file": (file.name, handle, "application/octet-stream")}
         job = _checked(http.post("/v1/ocr/jobs", data=fields, files=files)).json()

@@ -19,7 +19,8 @@ from starlette.types import Message
 
 from app.context import RequestContext
 from app.documents.errors import DocumentError
-from app.documents.fanout import OcrJob, PageResult, page_request, read_answer
+from app.documents.fanout import page_request, read_answer
+from app.documents.job import OcrJob, PageResult
 from app.documents.layout_options import LayoutOptions
 from app.documents.layouts import LayoutService
 from app.documents.parsing import Pipeline, parse_page

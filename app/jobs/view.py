@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from app.documents.fanout import PageResult
+from app.documents.job import PageResult
 from app.errors import GatewayError
 from app.store import Job
 

@@ -25,7 +25,7 @@ from app.paddlex.restructure import Block, Page, pruned, restructure
 
 if TYPE_CHECKING:
     from app.documents.blocks import Box
-    from app.documents.fanout import PageResult
+    from app.documents.job import PageResult
     from app.paddlex.schema import InferRequest
 
 

@@ -26,7 +26,8 @@ from app.bodies import capped
 from app.context import RequestContext
 from app.documents import layouts, upload
 from app.documents.errors import DocumentError
-from app.documents.fanout import Disconnect, OcrJob, PageResult, run_pages
+from app.documents.fanout import Disconnect, run_pages
+from app.documents.job import OcrJob, PageResult
 from app.documents.raster import Source
 from app.errors import InvalidRequest, PayloadTooLarge
 from app.paddlex import options, pages, results, returned, schema

@@ -15,7 +15,8 @@ from app import catalog, policy
 from app.context import RequestContext
 from app.documents import layouts, output, upload
 from app.documents.errors import DocumentError
-from app.documents.fanout import Disconnect, OcrJob, PageResult, run_pages
+from app.documents.fanout import Disconnect, run_pages
+from app.documents.job import OcrJob, PageResult
 from app.documents.layout_options import LayoutOptions
 from app.documents.raster import Source
 from app.errors import PayloadTooLarge

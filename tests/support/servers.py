@@ -110,7 +110,10 @@ def serving(app: Served) -> Iterator[Served]:
         yield app
 
 
-PORT_BASE, PORT_BLOCK = 20_000, 3_000
+# Two checkouts testing side by side on one machine give each its own range
+# (OCRVL_TEST_PORT_BASE=2000 OCRVL_TEST_PORT_BLOCK=1000: 2000-4999 for it and its two workers).
+PORT_BASE = int(os.environ.get("OCRVL_TEST_PORT_BASE", "20000"))
+PORT_BLOCK = int(os.environ.get("OCRVL_TEST_PORT_BLOCK", "3000"))
 _ports = random.Random()  # its own: a test that seeds `random` does not choose the ports
 _given: set[int] = set()  # ports this process handed out: never twice while the block has others
 
