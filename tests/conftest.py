@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import hypothesis
 import pytest
 
 from app.main import create_app
@@ -41,6 +42,13 @@ CLIENT_KEY = "sk-test-client-key"
 BACKEND_KEY = "sk-test-backend-key"
 TINY_SERVED_NAME = "paddleocr-vl-tiny"
 ENGINE_START_TIMEOUT = 600.0
+
+# Time is no property of what the generated tests check: on a loaded 2-core machine Hypothesis's
+# per-example deadline and its too-slow health check failed a correct test (test_policy's fuzz).
+hypothesis.settings.register_profile(
+    "ocrvl", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow]
+)
+hypothesis.settings.load_profile("ocrvl")
 
 
 @pytest.fixture
