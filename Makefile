@@ -31,7 +31,7 @@ C ?= 20
 export HF_HUB_OFFLINE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 
-.PHONY: help venv lock paddleocr-venv tiny-model tiny-layout test check fmt serve hey up bench clean
+.PHONY: help venv lock paddleocr-venv tiny-model tiny-layout test test-fast check fmt serve hey up bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -89,6 +89,9 @@ test: venv tiny-model tiny-layout paddleocr-venv  ## every test tier (gateway ve
 	$(TEST_ENV) $(GW) -m pytest -m serial
 	$(TEST_ENV) $(PY) -m pytest -m engine
 	scripts/latest.sh $(GATEWAY_VENV)
+
+test-fast: venv  ## the in-process tier alone (no engine, no real parts), two workers: the developer's loop
+	$(TEST_ENV) $(GW) -m pytest -m "not serial" -n 2 --dist loadfile $(ARGS)
 
 check: venv  ## ruff, mypy strict on app/, every vLLM profile, locks/ against pyproject.toml
 	$(GATEWAY_VENV)/bin/ruff check app engine tests bench scripts

@@ -166,7 +166,7 @@ class Settings(BaseSettings):
     layout_url: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated base URLs of the layout service (python -m ocrvl_layout); "
-        "set: /v1/ocr's `layout=auto` runs the layout pipeline (docs/ocr.md).",
+        "set: /v1/ocr's `layout=auto` runs the layout pipeline (docs/ocr-layout.md).",
     )
     layout_timeout: float = Field(
         default=30.0,
@@ -234,7 +234,7 @@ class Settings(BaseSettings):
         description="on: `GET /ui` serves the page to try documents on (docs/ui.md); "
         "off: no such route (404).",
     )
-    # -- document jobs (docs/ocr.md, Jobs) --
+    # -- document jobs (docs/jobs.md) --
     data_dir: Path = Field(
         default=Path("data"),
         description="Folder of the job store (SQLite file and documents) when OCRVL_REDIS_URL "

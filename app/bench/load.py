@@ -12,7 +12,7 @@ Each worker has an HTTP client of its own, with one connection. One client share
 spends its time in httpcore's connection pool, which walks every connection and every queued
 request (with a readability poll per connection) on each request and each response: at C = 256
 that was 81 % of the load generator's CPU, 30 ms per request, and it answered 12-14 pages/s of a
-backend that gives 25.6 (docs/benchmarks.md, the seventh H200 pass).
+backend that gives 25.6 (bench/results/README.md, the seventh H200 pass).
 """
 
 from __future__ import annotations

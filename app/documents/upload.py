@@ -45,7 +45,7 @@ class OcrOptions:
     stream: bool = False
     page_images: bool = False  # each page's answer carries the image the model read
     callback_url: str | None = None  # jobs only (app/jobs/webhook.py checks it)
-    layout: str = "auto"  # auto, on, off (docs/ocr.md, Layout)
+    layout: str = "auto"  # auto, on, off (docs/ocr-layout.md)
     layout_options: LayoutOptions = field(default_factory=LayoutOptions)
 
 

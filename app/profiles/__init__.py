@@ -11,6 +11,7 @@ parsers     the installed vLLM's own `vllm serve` parser, `--config` handling in
 checks      `ocrvl profile check`: flags, dtype, attention backends, memory
 detection   `ocrvl profile detect`: nvidia-smi to profile path
 reports     text and YAML renderings of a memory plan
+headers     the header a profile opens with: its GPU, vLLM, how to run it, its numbers' source
 commands    the `ocrvl profile` command group
 """
 

@@ -12,7 +12,8 @@ from app.profiles import PROFILES_DIR, ROOT
 from app.profiles.checks import Checker
 from app.profiles.detection import DetectionError, match, query
 from app.profiles.engines import plan_engines
-from app.profiles.gpus import CARDS, card_for_profile
+from app.profiles.gpus import CARDS, CPU_PROFILE, card_for_profile
+from app.profiles.headers import profile_header
 from app.profiles.images import TargetError, load_targets
 from app.profiles.memory import DTYPE_BYTES, derive, plan
 from app.profiles.reports import (
@@ -33,6 +34,8 @@ def _plan(args: argparse.Namespace) -> int:
     except ShapeError as exc:
         print(f"ocrvl profile plan: {exc}", file=sys.stderr)
         return 2
+    if args.header:
+        return _header(args.profile, shape)
     card = card_for_profile(args.profile) if args.profile else None
     if args.profile and card is None:
         known = ", ".join(c.profile for c in CARDS)
@@ -56,6 +59,24 @@ def _plan(args: argparse.Namespace) -> int:
     result = plan(shape, limits, total)
     print(yaml_block(result, shape) if args.yaml else describe(result, shape))
     return 1 if result.errors else 0
+
+
+def _header(profile: str | None, shape: ModelShape) -> int:
+    """`plan --profile NAME --header`: the comment lines vllm_configs/NAME.yaml opens with."""
+    known = ", ".join([*(c.profile for c in CARDS), CPU_PROFILE])
+    if profile is None:
+        print(f"ocrvl profile plan: --header needs --profile, one of {known}", file=sys.stderr)
+        return 2
+    try:
+        header = profile_header(profile, load_targets(), shape)
+    except TargetError as exc:
+        print(f"ocrvl profile plan: {exc}", file=sys.stderr)
+        return 2
+    except KeyError:
+        print(f"ocrvl profile plan: unknown profile {profile!r}; one of {known}", file=sys.stderr)
+        return 2
+    sys.stdout.write(header)
+    return 0
 
 
 def _plan_engines(args: argparse.Namespace, shape: ModelShape, total: int, *, geforce: bool) -> int:
@@ -173,6 +194,11 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     _add_model_config(plan_parser)
     output = plan_parser.add_mutually_exclusive_group()
     output.add_argument("--yaml", action="store_true", help="print the profile's YAML block")
+    output.add_argument(
+        "--header",
+        action="store_true",
+        help="with --profile: print the header its vllm_configs/ file opens with",
+    )
     output.add_argument(
         "--env",
         action="store_true",

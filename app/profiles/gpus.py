@@ -14,8 +14,9 @@ class Card:
 
     `engines_per_gpu` is how many engines the class runs by default (`make serve`, compose, the
     Kubernetes pools): two under MPS only where that was measured faster on such a card, one
-    elsewhere; `engines_measured` says whether the number was measured or is modelled. The
-    profile's header says the same and gives the grounds (tests/profiles/test_engines.py).
+    elsewhere; `engines_measured` says whether the number was measured or is modelled, and
+    `grounds` why, in a phrase. The profile's header says the same (app/profiles/headers.py,
+    tests/profiles/test_engines.py); docs/engines-per-gpu.md gives the figures behind it.
     """
 
     profile: str
@@ -26,6 +27,7 @@ class Card:
     geforce: bool = False
     engines_per_gpu: int = 1
     engines_measured: bool = False
+    grounds: str = ""
 
     @property
     def memory_bytes(self) -> int:
@@ -47,26 +49,51 @@ class Card:
         return re.search(self.pattern, name, re.IGNORECASE) is not None
 
 
+GPU_BOUND = "GPU-bound, its floor below one engine's step loop"
+
 CARDS: tuple[Card, ...] = (
-    Card("v100-32gb", "Tesla V100 32GB", r"V100S?\b", 32768, 7.0),
-    Card("t4-16gb", "Tesla T4", r"\bT4\b", 15360, 7.5),
-    Card("rtx3060-12gb", "GeForce RTX 3060 12GB", r"RTX 3060\b", 12288, 8.6, geforce=True),
-    Card("rtx4090-24gb", "GeForce RTX 4090", r"RTX 4090\b", 24564, 8.9, geforce=True),
-    Card("a10-24gb", "NVIDIA A10 / A10G", r"\bA10G?\b", 23028, 8.6),
-    Card("l4-24gb", "NVIDIA L4", r"\bL4\b", 23034, 8.9),
-    Card("a100-40gb", "NVIDIA A100 40GB", r"\bA100\b", 40960, 8.0),
-    Card("a100-80gb", "NVIDIA A100 80GB", r"\bA100\b", 81920, 8.0),
-    Card("h100-80gb", "NVIDIA H100 80GB", r"\bH100\b", 81559, 9.0),
     Card(
-        "h200-141gb",
-        "NVIDIA H200",
-        r"\bH200\b",
-        143771,
-        9.0,
-        engines_per_gpu=2,
-        engines_measured=True,
+        "v100-32gb", "Tesla V100 32GB", r"V100S?\b", 32768, 7.0,
+        grounds=f"{GPU_BOUND} (125 TFLOP/s, no FlashAttention: under 6 pages/s)",
     ),
-)
+    Card(
+        "t4-16gb", "Tesla T4", r"\bT4\b", 15360, 7.5,
+        grounds=f"{GPU_BOUND} (65 TFLOP/s: ~3 pages/s)",
+    ),
+    Card(
+        "rtx3060-12gb", "GeForce RTX 3060 12GB", r"RTX 3060\b", 12288, 8.6, geforce=True,
+        grounds=f"{GPU_BOUND} (~25 TFLOP/s: ~1 page/s)",
+    ),
+    Card(
+        "rtx4090-24gb", "GeForce RTX 4090", r"RTX 4090\b", 24564, 8.9, geforce=True,
+        grounds=f"{GPU_BOUND} (165 TFLOP/s: ~7 pages/s)",
+    ),
+    Card(
+        "a10-24gb", "NVIDIA A10 / A10G", r"\bA10G?\b", 23028, 8.6,
+        grounds=f"{GPU_BOUND} (125 TFLOP/s: ~5 pages/s)",
+    ),
+    Card(
+        "l4-24gb", "NVIDIA L4", r"\bL4\b", 23034, 8.9,
+        grounds=f"{GPU_BOUND} (121 TFLOP/s: ~5 pages/s)",
+    ),
+    Card(
+        "a100-40gb", "NVIDIA A100 40GB", r"\bA100\b", 40960, 8.0,
+        grounds=f"{GPU_BOUND} (312 TFLOP/s: ~14 pages/s)",
+    ),
+    Card(
+        "a100-80gb", "NVIDIA A100 80GB", r"\bA100\b", 81920, 8.0,
+        grounds=f"{GPU_BOUND} (312 TFLOP/s: ~14 pages/s)",
+    ),
+    Card(
+        "h100-80gb", "NVIDIA H100 80GB", r"\bH100\b", 81559, 9.0,
+        grounds="two are expected faster, as on the H200, but were never measured on an H100",
+    ),
+    Card(
+        "h200-141gb", "NVIDIA H200", r"\bH200\b", 143771, 9.0,
+        engines_per_gpu=2, engines_measured=True,
+        grounds="two under NVIDIA MPS measured 1.55x and 1.56x one engine",
+    ),
+)  # fmt: skip
 
 CPU_PROFILE = "cpu"
 

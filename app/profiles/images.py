@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,12 +19,14 @@ class TargetError(ValueError):
 
 @dataclass(frozen=True)
 class Target:
-    """The image and vLLM version a profile runs on, and the extra environment it needs."""
+    """The image and vLLM version a profile runs on, and the extra environment it needs;
+    `vllm_image` is the vLLM image the engine image is built over (its VLLM_IMAGE build arg)."""
 
     profile: str
     image: str
     vllm_version: str
     environment: dict[str, str]
+    vllm_image: str = ""
 
 
 def load_targets(path: Path | None = None) -> dict[str, Target]:
@@ -46,7 +49,12 @@ def load_targets(path: Path | None = None) -> dict[str, Target]:
         environment = {
             str(k): str(v) for k, v in ((service or {}).get("environment") or {}).items()
         }
-        targets[str(name)] = Target(str(name), image, version, environment)
+        build = (service or {}).get("build") or {}
+        base = (
+            str((build.get("args") or {}).get("VLLM_IMAGE", "")) if isinstance(build, dict) else ""
+        )
+        base = re.sub(r"^\$\{\w+:-(.*)\}$", r"\1", base)  # ${VLLM_CPU_IMAGE:-image}: its default
+        targets[str(name)] = Target(str(name), image, version, environment, base)
     return targets
 
 

@@ -95,7 +95,7 @@ async def _checked_job(
 ) -> Job:
     """The job for the spooled file, once its size, kind, pages and pixels pass. With
     `layout` auto or on and a layout service configured, its pages are read block by block;
-    they wait for the service as they wait for backends (docs/ocr.md)."""
+    they wait for the service as they wait for backends (docs/jobs.md)."""
     settings = gateway.settings
     mode, wanted = options.layout, options.layout_options
     layout, _ = layouts.choose(gateway.layouts, mode, wanted, waits=True)

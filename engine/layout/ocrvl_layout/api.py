@@ -41,7 +41,7 @@ def warm_up_sizes(max_batch: int, *, compiled: bool) -> tuple[int, ...]:
     Compiled: every size a batch can have, 1 and the largest first (torch compiles the second
     with the batch dimension dynamic), so no size is first met under load: on the H200 the first
     batch of 2 after a warm-up of 1 and 8 held every request 130 s (thirteenth pass,
-    docs/benchmarks.md), far past the gateway's 30 s layout timeout."""
+    docs/h200.md), far past the gateway's 30 s layout timeout."""
     if not compiled:
         return (1,)
     return tuple(dict.fromkeys((1, max_batch, *range(2, max_batch))))
