@@ -228,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.reread:
         report = json.loads(args.reread.with_suffix("").with_suffix(".json").read_text())
-        print(json.dumps(figures(args, read_records(args.reread), report["span_s"]), indent=1))
+        rules = argparse.Namespace(**report["settings"])  # the window's own rules
+        print(json.dumps(figures(rules, read_records(args.reread), report["span_s"]), indent=1))
         return 0
     lengths = corpus.Lengths(args.median, args.sigma)
     report = asyncio.run(measure(args, pages(args.pages, lengths)))

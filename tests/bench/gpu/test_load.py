@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import json
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +71,16 @@ def test_the_layout_api_window_reads_the_stand_ins_boxes(tmp_path: Path) -> None
                      "--window", "1", "--latencies", "3")  # fmt: skip
     assert report["answered"] > 3
     assert report["statuses"] == {"200": report["answered"]}
+
+
+def test_reread_recomputes_a_window_from_its_csv_by_its_own_rules(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--reread NAME.requests.csv` prints the figures of NAME.json, by the rules it ran with."""
+    with ThreadedServer(layout_standin.app()) as standin:
+        report = run(tmp_path, standin.url, "--concurrency", "2", "--api", "layout",
+                     "--window", "1", "--latencies", "3")  # fmt: skip
+    assert load.main(["--reread", str(tmp_path / "w.requests.csv")]) == 0
+    again = json.loads(capsys.readouterr().out)
+    for key in (*method.WINDOW_KEYS, "steady", "flat", "bins"):
+        assert again[key] == report[key]
