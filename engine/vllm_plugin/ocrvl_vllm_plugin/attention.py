@@ -40,10 +40,10 @@ def mode() -> str:
     return chosen
 
 
-def kernels(chosen: str, device: torch.device) -> AbstractContextManager[object]:
-    """SDPA's kernel order for `chosen` on `device`: cuDNN first for `cudnn` and `grouped` on
-    CUDA; torch's own choice otherwise (the CPU has no cuDNN kernel)."""
-    if device.type != "cuda" or chosen == "sdpa":
+def kernels(chosen: str) -> AbstractContextManager[object]:
+    """SDPA's kernel order for `chosen`: cuDNN first for `cudnn` and `grouped` (on the CPU, which
+    has no cuDNN kernel, SDPA takes the next it has); torch's own choice for `sdpa`."""
+    if chosen == "sdpa":
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
 
@@ -65,7 +65,7 @@ def per_image(
     chosen: str = "sdpa",
 ) -> torch.Tensor:  # fmt: skip
     """One SDPA call per image (`sdpa`, `cudnn`: `chosen` picks the kernel order)."""
-    with kernels(chosen, q.device):
+    with kernels(chosen):
         parts = [
             _sdpa(qi, ki, vi, scale)
             for qi, ki, vi in zip(
@@ -82,7 +82,7 @@ def grouped(
     if len(set(lengths)) == 1:  # the whole step is one group: a view, no copy
         n = lengths[0]
         shape = (len(lengths), n, *q.shape[2:])
-        with kernels("grouped", q.device):
+        with kernels("grouped"):
             return _sdpa(q.reshape(shape), k.reshape(shape), v.reshape(shape), scale).reshape(
                 q.shape
             )
@@ -93,7 +93,7 @@ def grouped(
     for image, n in enumerate(lengths):
         members.setdefault(n, []).append(image)
     out = torch.empty_like(q)
-    with kernels("grouped", q.device):
+    with kernels("grouped"):
         for n, images in members.items():
             spans = [slice(starts[i], starts[i] + n) for i in images]
             stacked = [torch.stack([t[0, s] for s in spans]) for t in (q, k, v)]
