@@ -16,6 +16,7 @@ from app.main import create_app
 from bench.gpu import corpus, layout_standin, load, method
 from tests.conftest import CLIENT_KEY, settings_for
 from tests.support.fake_backend import FakeVLLM
+from tests.support.layout_standin import LayoutStandin
 from tests.support.servers import ThreadedServer, serving
 
 SERVICE_S = 0.2  # the fake engine's time per answer
@@ -84,3 +85,19 @@ def test_reread_recomputes_a_window_from_its_csv_by_its_own_rules(
     again = json.loads(capsys.readouterr().out)
     for key in (*method.WINDOW_KEYS, "steady", "flat", "bins"):
         assert again[key] == report[key]
+
+
+def test_the_stand_in_answers_only_after_the_real_service_has(tmp_path: Path) -> None:
+    """--forward: every page goes to the real service first (it sees each one), the corpus's
+    boxes come back; the real service's failure is the answer (its status)."""
+    real = LayoutStandin()
+    with ThreadedServer(real) as service, \
+            ThreadedServer(layout_standin.app(service.url)) as standin:  # fmt: skip
+        report = run(tmp_path, standin.url, "--concurrency", "2", "--api", "layout",
+                     "--window", "1", "--latencies", "3")  # fmt: skip
+        assert report["statuses"] == {"200": report["answered"]}
+        assert real.arrived.is_set()
+        real.mode, real.status = "status", 503
+        failed = run(tmp_path, standin.url, "--concurrency", "1", "--api", "layout",
+                     "--window", "1", "--latencies", "1", "--max-seconds", "3")  # fmt: skip
+    assert set(failed["statuses"]) == {"503"}
