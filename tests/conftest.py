@@ -330,7 +330,7 @@ SERIAL_FOLDERS = ("real", "deploy", "ui", "fidelity", "engine")
 # (PaddleX's own code runs in every paddlex/ file but test_layout_parsing.py, in-process.)
 SERIAL_FILES = {
     "batches/test_real.py", "bench/test_soak_real.py", "bench/test_sweep_real.py",
-    "bench/gpu/test_docpath.py", "bench/gpu/test_hey_load.py", "bench/gpu/test_pass_report.py",
+    "bench/gpu/test_load.py",
     "profiles/test_engine.py", "paddlex/test_clients_doc.py", "paddlex/test_fidelity.py",
     "paddlex/test_restructure.py", "paddlex/test_schemas.py",
 }  # fmt: skip

@@ -1,1 +1,6 @@
-"""The GPU lab: engine layouts on an H200 measured through the gateway (README.md beside it)."""
+"""The GPU lab (README.md). WORK: what a pass keeps on the host between its calls."""
+
+import os
+from pathlib import Path
+
+WORK = Path(os.environ.get("GPU_BENCH_DIR", "/tmp/gpu-bench"))  # noqa: S108 (the host's /tmp)

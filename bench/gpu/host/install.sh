@@ -14,7 +14,7 @@ rm -rf /tmp/whl
 # loader finds it through PYTHONPATH. Built by the host's own setuptools (no index).
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade --target /tmp/site032 engine/vllm_plugin
 # The layout service (engine/layout, issue 36) beside them, for scripts/serve.sh and
-# bench/gpu/pass.sh (`python3 -m ocrvl_layout`); everything it imports is the host's or vLLM's.
+# bench.gpu.run (`python3 -m ocrvl_layout`); everything it imports is the host's or vLLM's.
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade --target /tmp/site032 engine/layout
 python3 -c "import importlib.metadata as m; print('vllm plugins:', sorted(p.name for p in m.entry_points(group='vllm.general_plugins')))"
 python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'cudnn', torch.backends.cudnn.version(), 'nccl', torch.cuda.nccl.version())"

@@ -24,6 +24,7 @@ from vllm.model_executor.models.paddleocr_vl import (
 from vllm.platforms import current_platform
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
+from ocrvl_vllm_plugin import attention
 from ocrvl_vllm_plugin.packing import Packing
 
 # Interpolated position tables kept per grid. A page at PaddleOCR-VL's largest size (14,400
@@ -94,13 +95,15 @@ class PositionCache:
 @dataclass(frozen=True)
 class Layers:
     """What every layer of one packed call shares: where each image starts, the rotary angles
-    (vLLM's attention takes those) and their cos/sin, the longest image (host tensor or None)."""
+    (vLLM's attention takes those) and their cos/sin, the longest image (host tensor or None),
+    each image's patches (host ints, for the plugin's own attention modes)."""
 
     cu_seqlens: torch.Tensor
     angles: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
     max_seqlen: torch.Tensor | None
+    lengths: tuple[int, ...] = ()
 
 
 class PackedEncoder:
@@ -112,6 +115,8 @@ class PackedEncoder:
         self.merge = visual.vision_model.config.spatial_merge_size
         self.positions = PositionCache(self.vision.embeddings)
         self.rotate = fused_rotary()
+        self.mode = attention.mode()  # OCRVL_PLUGIN_VIT_ATTENTION; ValueError for a wrong one
+        self.attend = attention.for_mode(self.mode)  # None: vLLM's own MMEncoderAttention
 
     def __call__(
         self, pixel_values: torch.Tensor | Sequence[torch.Tensor], image_grid_thw: torch.Tensor
@@ -158,7 +163,8 @@ class PackedEncoder:
         cos, sin = angles.cos(), angles.sin()
         if self.rotate is not None:  # the Triton kernel takes cos/sin in q/k's dtype (asserted)
             cos, sin = cos.to(hidden.dtype), sin.to(hidden.dtype)
-        shared = Layers(cu_seqlens, angles, cos, sin, max_seqlen)
+        lengths = tuple(t * h * w for t, h, w in packing.grids)
+        shared = Layers(cu_seqlens, angles, cos, sin, max_seqlen, lengths)
         for layer in encoder.layers:
             hidden = self.layer(cast(SiglipEncoderLayer, layer), hidden, shared)
         normed: torch.Tensor = self.vision.post_layernorm(hidden)
@@ -201,9 +207,13 @@ class PackedEncoder:
         else:
             rotated = attn.apply_rotary_emb(qk, shared.cos, shared.sin).unflatten(2, (2, heads))
             (q, k), v = rotated.unbind(2), qkv[:, :, 2]
-        context = attn.attn(
-            query=q, key=k, value=v, cu_seqlens=shared.cu_seqlens, max_seqlen=shared.max_seqlen
-        )
+        if self.attend is not None:  # OCRVL_PLUGIN_VIT_ATTENTION's choice (attention.py)
+            scale = attn.hidden_size_per_attention_head**-0.5
+            context = self.attend(q, k, v, shared.lengths, scale)
+        else:
+            context = attn.attn(
+                query=q, key=k, value=v, cu_seqlens=shared.cu_seqlens, max_seqlen=shared.max_seqlen
+            )
         output, _ = attn.out_proj(context.flatten(2))
         return output  # type: ignore[no-any-return]
 

@@ -31,7 +31,10 @@ What differs from vLLM's forward, and why the numbers stay equal:
    merge as one `index_select` in the order einops' `(t h p1 w p2) d -> (t h w) (p1 p2 d)`
    gives per image (packing.py builds it), then linear_1, GELU, linear_2 once. The output is
    split by each image's token count (t*h*w/4), one tensor per image, in order.
-7. With tensor parallelism > 1 each layer calls vLLM's own SiglipAttention (which gathers q/k/v
+7. `OCRVL_PLUGIN_VIT_ATTENTION` (attention.py) may replace vLLM's MMEncoderAttention by torch's
+   SDPA per image (`sdpa`, `cudnn`) or per group of equal-size images (`grouped`): attention
+   still stays inside each image, only the kernel (and its float rounding) differs.
+8. With tensor parallelism > 1 each layer calls vLLM's own SiglipAttention (which gathers q/k/v
    across ranks) with the packed sequence; only 4 above is then not applied.
 
 The layer loop in encoder.py restates SiglipEncoderLayer.forward (norm, attention, residual,
@@ -65,7 +68,7 @@ class PackedPaddleOCRVLForConditionalGeneration(PaddleOCRVLForConditionalGenerat
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         # A plain object holding the same modules: no second copy of any parameter
         self.packed_encoder = PackedEncoder(self.visual, self.mlp_AR)
-        logger.info(IN_USE)
+        logger.info("%s; ViT attention %s", IN_USE, self.packed_encoder.mode)
 
     def _process_image_input(self, image_input: PaddleOCRImagePixelInputs) -> MultiModalEmbeddings:
         return self.packed_encoder(image_input.pixel_values, image_input.image_grid_thw)

@@ -1,10 +1,10 @@
-"""bench.gpu.method: arrivals, the steady window and the two pages/s, on records made to order."""
+"""bench.gpu.method (method 2): windows, flatness, the median window and the summary, on records
+made to order."""
 
 from __future__ import annotations
 
-import itertools
+import json
 import math
-import statistics
 
 import pytest
 
@@ -19,126 +19,103 @@ def back_to_back(clients: int, service: float, until: float, stagger: float = 0.
     for worker in range(clients):
         start = worker * stagger
         while start + service <= until:
-            records.append(Record(worker, start, start + service, "200", 256))
+            records.append(Record(worker, start, start + service, "200", 100))
             start += service
     return records
 
 
-def test_poisson_arrivals_come_at_the_rate_asked_and_are_seeded() -> None:
-    """20/s over 200 s: 4,000 arrivals within 5 standard deviations, mean gap 1/20 s within
-    5 %, exponential gaps (their spread equals their mean), and the seed fixes them."""
-    times = method.poisson(20.0, 200.0, seed=1)
-    assert abs(len(times) - 4000) < 5 * math.sqrt(4000)
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert statistics.mean(gaps) == pytest.approx(0.05, rel=0.05)
-    assert statistics.stdev(gaps) == pytest.approx(statistics.mean(gaps), rel=0.1)
-    assert all(0 <= t < 200 for t in times)
-    assert times == sorted(times)
-    assert method.poisson(20.0, 200.0, seed=1) == times
-    assert method.poisson(20.0, 200.0, seed=2) != times
+def test_variants_interleave_a_b_b_a_and_each_gets_its_windows() -> None:
+    """Two variants, three windows each: A B B A A B; one variant: its windows in a row."""
+    assert method.order(["default", "layout"], 3) == [
+        "default", "layout", "layout", "default", "default", "layout"]  # fmt: skip
+    assert method.order(["x"], 3) == ["x", "x", "x"]
 
 
-def test_the_ramp_starts_clients_evenly_from_zero() -> None:
-    """8 clients over 4 s start 0.5 s apart, the first at once, none at the ramp's end."""
-    assert method.ramp(8, 4.0) == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
-    assert method.ramp(3, 0.0) == [0.0, 0.0, 0.0]
+def test_the_window_starts_after_the_ramp_and_every_clients_first_answer() -> None:
+    """4 clients staggered 1 s apart with 3 s answers: client 3's first answer at 6 s is the
+    start; a ramp longer than that wins; a client with no answer yet: no start."""
+    records = back_to_back(4, 3.0, 60.0, stagger=1.0)
+    assert method.window_start(records, 4, 2.0) == 6.0
+    assert method.window_start(records, 4, 8.0) == 8.0
+    assert method.window_start(records, 5, 2.0) is None
 
 
-def test_layouts_are_measured_a_b_b_a() -> None:
-    """Two layouts in a pass: A, B, then B, A, so drift falls on both."""
-    assert method.abba("stock", "plugin") == ["stock", "plugin", "plugin", "stock"]
+def test_a_window_ends_only_after_its_seconds_and_its_mean_latencies() -> None:
+    """3 s answers: a 20 s window needs 30 s for 10 latencies; 120 s windows end at 120 s."""
+    records = back_to_back(2, 3.0, 400.0)
+    assert method.window_end(records, 0.0, 25.0, window=20.0, latencies=10.0) is None
+    assert method.window_end(records, 0.0, 30.0, window=20.0, latencies=10.0) == 30.0
+    assert method.window_end(records, 0.0, 119.0) is None
+    assert method.window_end(records, 0.0, 120.0) == 120.0
 
 
-def test_a_closed_window_starts_once_every_client_has_an_answer_after_the_ramp() -> None:
-    """Client 2 (started last, at 1 s) answers first at 3 s; the window starts then. While a
-    client has no answer (cancelled ones do not count) there is no start yet."""
-    records = back_to_back(3, 2.0, 20.0, stagger=0.5)
-    assert method.closed_start(records, 3, ramp_s=1.0) == pytest.approx(3.0)
-    assert method.closed_start(records, 3, ramp_s=5.0) == pytest.approx(5.0)
-    waiting = [r for r in records if r.worker != 2] + [Record(2, 1.0, 9.0, method.CANCELLED)]
-    assert method.closed_start(waiting, 3, ramp_s=1.0) is None
+def test_a_steady_loop_is_flat_and_both_pages_per_s_agree() -> None:
+    """8 clients staggered over one service time answer evenly: bins equal (cv 0), by count and
+    by Little's law both C / service, 40 latencies held; the five summary keys are there."""
+    records = back_to_back(8, 2.0, 200.0, stagger=0.25)
+    found = method.window(records, 20.0, 100.0)
+    assert set(method.WINDOW_KEYS) <= set(found)
+    assert found["bins"] == [40] * 8
+    assert found["bins_cv"] == 0.0
+    assert found["flat"] is True
+    assert found["pages_per_s_by_count"] == pytest.approx(4.0)
+    assert found["pages_per_s_by_latency"] == pytest.approx(4.0)
+    assert found["mean_latencies"] == pytest.approx(40.0)
+    assert found["steady"] is False  # 80 s is under the 120 s a window needs
 
 
-def test_an_open_window_skips_settle_mean_latencies_of_the_first_answers() -> None:
-    """20 answers of 3 s from t=1: the window starts 2 x 3 s after the first arrival; fewer
-    than 20 answers: not yet; never before `least` seconds."""
-    records = [Record(-1, 1 + i * 0.1, 4 + i * 0.1, "200") for i in range(25)]
-    assert method.open_start(records, settle=2.0) == pytest.approx(7.0)
-    assert method.open_start(records[:19], settle=2.0) is None
-    assert method.open_start(records, settle=0.5, least=5.0) == pytest.approx(5.0)
+def test_lock_step_waves_are_not_flat() -> None:
+    """Every client started at once with equal answers: all answers land in the same bins every
+    service time (the read of passes 9-13): the cv is far above 0.15, the window not flat."""
+    records = back_to_back(64, 13.5, 300.0)
+    found = method.window(records, 13.5, 283.5)
+    assert found["bins_cv"] > 3 * method.FLAT_CV
+    assert found["flat"] is False
 
 
-def test_a_window_lasts_the_longer_of_its_seconds_and_its_latencies() -> None:
-    """Latencies of 2 s: 10 of them (20 s) fit in a 12 s minimum only once 20 s have passed;
-    latencies of 0.5 s: the 12 s minimum rules."""
-    slow = back_to_back(4, 2.0, 60.0, stagger=0.5)
-    assert method.window_end(slow, 3.0, now=15.0, window=12.0) is None
-    assert method.window_end(slow, 3.0, now=22.0, window=12.0) is None
-    assert method.window_end(slow, 3.0, now=23.0, window=12.0) == pytest.approx(23.0)
-    fast = back_to_back(4, 0.5, 60.0, stagger=0.125)
-    assert method.window_end(fast, 3.0, now=14.9, window=12.0) is None
-    assert method.window_end(fast, 3.0, now=15.0, window=12.0) == pytest.approx(15.0)
+def test_bins_drop_the_last_partial_bin_and_count_only_answers() -> None:
+    """25 s in 10 s bins: two bins, (0, 10] and (10, 20]; an answer at the start belongs to the
+    window before; a cancelled request and an error are not answers."""
+    records = [Record(0, 0.0, 5.0, "200"), Record(0, 5.0, 15.0, "200"), Record(3, -4.0, 0.0, "200"),
+               Record(1, 0.0, 12.0, "500"), Record(1, 12.0, 22.0, method.CANCELLED),
+               Record(2, 0.0, 24.0, "200"), Record(4, 10.0, 20.0, "200")]  # fmt: skip
+    assert method.bins(records, 0.0, 25.0, 10.0) == [1, 2]
+    assert method.cv([2, 2]) == 0.0
+    assert method.cv([3]) == math.inf  # one bin says nothing about flatness
+    assert method.cv([0, 0]) == math.inf
 
 
-def test_a_steady_closed_loop_gives_the_same_pages_per_s_both_ways() -> None:
-    """4 clients, 2 s each, back to back: 2 pages/s by count, by Little's law and by C over
-    the mean latency; p50 = p99 = 2 s; 40 latencies held."""
-    records = back_to_back(4, 2.0, 100.0, stagger=0.5)
-    f = method.figures(records, 10.25, 90.25, concurrency=4, window=60.0)
-    assert f["answered"] == 160
-    assert f["pages_per_s_count"] == pytest.approx(2.0)
-    assert f["pages_per_s_little"] == pytest.approx(2.0)
-    assert f["pages_per_s_c_over_latency"] == pytest.approx(2.0)
-    assert f["in_flight_mean"] == pytest.approx(4.0)
-    assert f["latency_s"]["p50"] == f["latency_s"]["p99"] == pytest.approx(2.0)
-    assert f["latencies_held"] == pytest.approx(40.0)
-    assert f["steady"] is True
-    assert f["halves_pages_per_s"] == [pytest.approx(2.0), pytest.approx(2.0)]
-    assert f["output_tokens_per_s"] == pytest.approx(512.0)
+def test_the_figure_is_the_median_window_by_count_with_the_spread_beside_it() -> None:
+    """Three windows at 40, 38 and 41 pages/s: the figure 40 (window 0), spread 38-41 (7.5 %);
+    four windows: the lower middle; a window not flat shows in all_flat."""
+    windows = [{"pages_per_s_by_count": v, "pages_per_s_by_latency": v + 1, "bins_cv": cv}
+               for v, cv in ((40.0, 0.05), (38.0, 0.08), (41.0, 0.2))]  # fmt: skip
+    figure = method.median(windows)
+    assert figure["pages_per_s_by_count"] == 40.0
+    assert figure["pages_per_s_by_latency"] == 41.0
+    assert figure["window"] == 0
+    assert figure["spread"] == {"min": 38.0, "max": 41.0, "relative": pytest.approx(3 / 40)}
+    assert figure["all_flat"] is False
+    four = [*windows, {"pages_per_s_by_count": 39.0, "pages_per_s_by_latency": 39, "bins_cv": 0}]
+    assert method.median(four)["pages_per_s_by_count"] == 39.0
+    assert method.of_floor(40.0, 22.74) == pytest.approx(0.9096)
 
 
-def test_an_open_loop_s_rate_by_little_counts_what_is_in_flight() -> None:
-    """Arrivals every 0.5 s, each answered in 3 s: 6 in flight, 2 pages/s both ways."""
-    records = [Record(-1, i * 0.5, i * 0.5 + 3.0, "200") for i in range(400)]
-    f = method.figures(records, 20.25, 180.25, window=120.0)
-    assert f["pages_per_s_count"] == pytest.approx(2.0)
-    assert f["in_flight_mean"] == pytest.approx(6.0)
-    assert f["pages_per_s_little"] == pytest.approx(2.0)
-    assert f["pages_per_s_c_over_latency"] is None
-    assert f["steady"] is True
-
-
-def test_lock_step_waves_make_a_short_window_read_anything() -> None:
-    """All 8 clients started at once with 10 s answers (the served pass's flaw): a 5 s window
-    counts one wave or none, 1.6 or 0 pages/s against 0.8 by Little's law, and is not steady;
-    a window of many latencies reads the true 0.8 both ways."""
-    records = back_to_back(8, 10.0, 400.0)
-    wave = method.figures(records, 18.0, 23.0, concurrency=8)
-    gap = method.figures(records, 21.0, 26.0, concurrency=8)
-    assert (wave["pages_per_s_count"], gap["pages_per_s_count"]) == (1.6, 0.0)
-    assert wave["pages_per_s_little"] == pytest.approx(0.8)
-    assert wave["steady"] is False
-    long = method.figures(records, 15.0, 395.0, concurrency=8)
-    assert long["pages_per_s_count"] == pytest.approx(0.8, rel=0.03)
-    assert long["pages_per_s_little"] == pytest.approx(0.8)
-    assert long["steady"] is True
-
-
-def test_errors_are_counted_apart_and_cancelled_requests_only_as_in_flight() -> None:
-    """A 503 is a status of the window, not an answer; a request cancelled at the load's end
-    counts in the mean in flight up to the window's end and nowhere else."""
-    records = [Record(0, 0.0, 2.0, "200"), Record(0, 2.0, 2.1, "503"), Record(0, 2.1, 4.1, "200"),
-               Record(1, 0.0, 9.0, method.CANCELLED)]  # fmt: skip
-    f = method.figures(records, 0.0, 4.5, concurrency=2, window=1.0, latencies=1.0)
-    assert f["statuses"] == {"200": 2, "503": 1}
-    assert f["answered"] == 2
-    assert f["in_flight_mean"] == pytest.approx((2.0 + 0.1 + 2.0 + 4.5) / 4.5)
-
-
-def test_a_window_of_fewer_latencies_or_seconds_than_asked_is_not_steady() -> None:
-    """120 s holding 6 mean latencies of 20 s, or 100 s holding 50 of 2 s: neither is steady."""
-    slow = back_to_back(4, 20.0, 400.0, stagger=5.0)
-    assert method.figures(slow, 40.0, 160.0, concurrency=4)["steady"] is False
-    fast = back_to_back(4, 2.0, 400.0, stagger=0.5)
-    assert method.figures(fast, 40.0, 140.0, concurrency=4)["steady"] is False
-    assert method.figures(fast, 40.0, 160.0, concurrency=4)["steady"] is True
+def test_the_summary_has_exactly_the_issues_shape() -> None:
+    """issue 50 item 5's keys, nothing more, nothing less, at every level; JSON-serialisable."""
+    records = back_to_back(8, 2.0, 200.0, stagger=0.25)
+    found = method.window(records, 20.0, 160.0)
+    variant = {"name": "default", "stack": "make serve", "concurrency": 8,
+               "floor_ms_per_page": 22.7, "windows": [found, found, found]}  # fmt: skip
+    floor = {"ms_per_page": 22.7, "definition": "d", "x": 1}
+    variants = [variant, variant | {"name": "layout"}]
+    summary = method.summary("NVIDIA H200", floor, variants, 150.0, "raw.tar.gz")
+    assert list(summary) == ["method", "gpu", "floor", "variants",
+                             "layout_service_alone_pages_per_s", "raw"]  # fmt: skip
+    assert summary["method"] == 2
+    assert set(summary["floor"]) == {"ms_per_page", "definition"}
+    assert [v["name"] for v in summary["variants"]] == ["default", "layout"]
+    for v in summary["variants"]:
+        assert set(v) == {"name", "stack", "concurrency", "floor_ms_per_page", "windows"}
+        assert [set(w) for w in v["windows"]] == [set(method.WINDOW_KEYS)] * 3
+    assert json.loads(json.dumps(summary)) == summary

@@ -1,0 +1,92 @@
+"""A method-2 pass's report from its results folder: STEM.json (issue 50's summary) and STEM.md.
+
+    python3 -m bench.gpu.report PLAN.json RES OUT
+
+RES holds what `bench.gpu.run` wrote: NN-VARIANT.json per window (bench.gpu.load's), alone-N.json
+(the layout service alone), floor-whole.json and floor-blocks.json (bench.gpu.floor's). The
+`default` variant (layout off) is held to the `whole` floor, `layout` (layout on) to `blocks`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.gpu import method
+
+FLOORS = {"off": "floor-whole.json", "on": "floor-blocks.json"}
+
+
+def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
+    """The summary's parts and the per-variant figures the markdown states."""
+    floors = {k: json.loads((res / name).read_text()) for k, name in FLOORS.items()
+              if (res / name).exists()}  # fmt: skip
+    nan = float("nan")
+    variants, figures = [], {}
+    for v in plan["variants"]:
+        windows = [
+            json.loads(path.read_text()) for path in sorted(res.glob(f"[0-9]*-{v['name']}.json"))
+        ]
+        floor_ms = floors.get(v["layout"], {}).get("ms_per_page", nan)
+        variants.append({"name": v["name"], "stack": v["stack"], "concurrency": v["concurrency"],
+                         "floor_ms_per_page": floor_ms, "windows": windows})  # fmt: skip
+        if windows:
+            figure = method.median(windows)
+            figure["of_floor"] = method.of_floor(figure["pages_per_s_by_count"], floor_ms)
+            figures[v["name"]] = figure
+    alone = [json.loads(path.read_text()) for path in sorted(res.glob("alone-*.json"))]
+    alone_figure = statistics.median(w["pages_per_s_by_count"] for w in alone) if alone else None
+    gpu = next((f["machine"].get("gpu") or f["machine"]["device"] for f in floors.values()), "?")
+    whole = floors.get("off", {"ms_per_page": nan, "definition": "not measured"})
+    return {"summary": method.summary(gpu, whole, variants, alone_figure,
+                                      f"{plan['stem']}-raw.tar.gz"),
+            "figures": figures, "alone": alone}  # fmt: skip
+
+
+def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
+    """The pass in a page: each variant's windows, its figure and spread, against its floor."""
+    summary = parts["summary"]
+    lines = [f"# {plan['stem']}: method 2 on {summary['gpu']}", "",
+             f"Floor (whole page): {summary['floor']['ms_per_page']:.2f} ms a page. "
+             f"Definition: {summary['floor']['definition']}.", ""]  # fmt: skip
+    for variant in summary["variants"]:
+        figure = parts["figures"].get(variant["name"])
+        lines += [f"## {variant['name']} (c={variant['concurrency']}): {variant['stack']}", "",
+                  f"Floor: {variant['floor_ms_per_page']:.2f} ms a page.", "",
+                  "| window | seconds | mean latencies | pages/s by count | by latency | bins cv |",
+                  "|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+        for number, w in enumerate(variant["windows"]):
+            flat = "" if w["bins_cv"] <= method.FLAT_CV else " (not flat)"
+            lines.append(f"| {number} | {w['seconds']:.0f} | {w['mean_latencies']:.1f} | "
+                         f"{w['pages_per_s_by_count']:.2f} | {w['pages_per_s_by_latency']:.2f} | "
+                         f"{w['bins_cv']:.3f}{flat} |")  # fmt: skip
+        if figure:
+            spread = figure["spread"]
+            lines += ["", f"**{figure['pages_per_s_by_count']:.2f} pages/s** (median window by "
+                      f"count; spread {spread['min']:.2f}-{spread['max']:.2f}, "
+                      f"{100 * (spread['relative'] or 0):.1f} %): "
+                      f"**{100 * figure['of_floor']:.1f} %** "
+                      f"of its floor; every window flat: {figure['all_flat']}, steady: "
+                      f"{figure['all_steady']}."]  # fmt: skip
+        lines.append("")
+    alone = summary["layout_service_alone_pages_per_s"]
+    lines.append(f"Layout service alone: {alone:.2f} pages/s (median window by count)."
+                 if alone is not None else "Layout service alone: not measured.")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def write(plan: dict[str, Any], res: Path, out: Path) -> dict[str, Any]:
+    """STEM.json and STEM.md into `out`; the summary."""
+    parts = gather(plan, res)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{plan['stem']}.json").write_text(json.dumps(parts["summary"], indent=1) + "\n")
+    (out / f"{plan['stem']}.md").write_text(markdown(plan, parts))
+    print(markdown(plan, parts), flush=True)
+    return dict(parts["summary"])
+
+
+if __name__ == "__main__":
+    write(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]), Path(sys.argv[3]))

@@ -1,0 +1,289 @@
+"""A method-2 pass from its plan: `python3 -m bench.gpu.run PLAN.json --call N` (or STAGE ...).
+
+A plan (bench/gpu/plans/*.json, data; bench/gpu/README.md says what each key means) names the
+host, the corpus, the window rules, the variants and the device calls, each a list of stages:
+
+    receive K     wheel part K (carried as .gpu-wheels-032s/chunkK)
+    install       vLLM 0.32, the plugin and the layout service into /tmp/site032 (host/install.sh),
+                  the gateway's wheels (.whl) beside them
+    prepare       the full-size random-weight checkpoints (PaddleOCR-VL, PP-DocLayoutV3)
+    floor         the corpus's requests (bench.gpu.corpus work) and the floor of each variant's
+                  (bench.gpu.floor: `whole` for layout off, `blocks` for layout on), GPU idle
+    up, ready     `make serve`'s scripts/serve.sh with the plan's profile, the layout service on;
+                  once ready, the stand-in layout service (bench.gpu.layout_standin: the corpus's
+                  boxes, each page forwarded to the real service first) and a second gateway in
+                  front of the same engines whose layout service is that stand-in
+    window I      the I-th window of the variants' A B B A ... order (bench.gpu.load)
+    alone         the layout service alone: /v1/layout at its own port, `alone`'s windows
+    report        RES's windows, floors and the layout service's into OUT/STEM.json (issue 50's
+                  summary, bench.gpu.method.summary) and OUT/STEM.md
+    down          everything `up` started, by process group
+
+After every stage the results so far and every log go to OUT/STEM-raw.tar.gz, so a call cut
+short returns what it measured; a window that cannot end before the call's `limit_s` is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench.gpu import WORK, method
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "sk-gpu-bench"
+BACKEND_KEY = "sk-backend-pass"
+
+
+class Pass:
+    """A plan, where its results go, and the call's clock."""
+
+    def __init__(self, plan: dict[str, Any], out: Path) -> None:
+        self.plan, self.out = plan, out
+        self.host = plan["host"]
+        self.res = Path(self.host.get("results", "/tmp/gpu-results")) / plan["stem"]  # noqa: S108
+        self.began = time.monotonic()
+        self.ports = {name: self.host["ports"] + port for name, port in
+                      {"engine": 8118, "gateway": 8000, "layout": 8300, "standin": 8320,
+                       "layout_gateway": 8020}.items()}  # fmt: skip
+        self.res.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
+
+    def left(self) -> float:
+        """Seconds this call has before its limit."""
+        return self.plan["limit_s"] - (time.monotonic() - self.began)
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+    def path(self, text: str) -> str:
+        return text.replace("{work}", str(WORK))
+
+    def run(self, command: list[str], **env: str) -> int:
+        """A command in the checkout, its output in this call's log; its exit status."""
+        print("$", " ".join(command), flush=True)
+        return subprocess.run(command, cwd=ROOT, env=os.environ | env, check=False).returncode
+
+    def start(self, name: str, command: list[str], **env: str) -> None:
+        """A process group of its own (it outlives the call while the host is held); its pid in
+        WORK/NAME.pid, its output in WORK/NAME.log."""
+        WORK.mkdir(parents=True, exist_ok=True)
+        with (WORK / f"{name}.log").open("wb") as log:
+            process = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=os.environ | env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        (WORK / f"{name}.pid").write_text(str(process.pid))
+        print(f"up: {name} (pid {process.pid})", flush=True)
+
+    def wait_ready(self, name: str, url: str, seconds: float) -> None:
+        """Until `url` answers 200 (a start takes minutes: a look every 2 s is the harness's
+        pace, not a test's); RuntimeError with the log's tail if the process ended first."""
+        pid = int((WORK / f"{name}.pid").read_text())
+        deadline = time.monotonic() + min(seconds, self.left() - 10)
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url, timeout=2):  # noqa: S310 (loopback)
+                    print(f"ready: {name} after {time.monotonic() - self.began:.0f} s", flush=True)
+                    return
+            except OSError:
+                pass
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(2)
+        tail = (WORK / f"{name}.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{name} did not come up at {url}:\n{tail}")
+
+    def collect(self) -> None:
+        """Results and logs so far into OUT/STEM-raw.tar.gz."""
+        with tarfile.open(self.out / f"{self.plan['stem']}-raw.tar.gz", "w:gz") as tar:
+            tar.add(self.res, arcname=self.plan["stem"])
+            for log in sorted(WORK.glob("*.log")) + sorted(WORK.glob("serve-logs/*.log")):
+                tar.add(log, arcname=f"logs/{log.name}")
+
+
+def install(p: Pass) -> None:
+    if p.run(["bash", "bench/gpu/host/install.sh"]):
+        raise RuntimeError("install failed")
+    pip = ["python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+           "--target", "/tmp/site032"]  # fmt: skip  # noqa: S108 (the host's /tmp)
+    p.run([*pip, *map(str, sorted(ROOT.glob(".whl/*.whl")))])
+    Path("/tmp/bin").mkdir(exist_ok=True)  # noqa: S108 (serve.sh's VLLM_BIN: the GPU build)
+    vllm = Path("/tmp/bin/vllm")  # noqa: S108
+    vllm.write_text('#!/bin/sh\nexec python3 -m vllm.entrypoints.cli.main "$@"\n')
+    vllm.chmod(0o755)
+
+
+def prepare(p: Pass) -> None:
+    engine = p.host["engine_python"]
+    model, layout = Path(p.path(p.host["model"])), Path(p.path(p.host["layout_model"]))
+    if not (model / "config.json").exists():
+        p.run([engine, "-m", "tests.support.tiny_model", str(model), "--full"])
+    if not (layout / "config.json").exists():
+        p.run([engine, "-m", "bench.gpu.layout_checkpoint", str(layout)])
+
+
+def floor(p: Pass) -> None:
+    """Each variant's floor, from the same corpus's requests, on the idle GPU."""
+    corpus, host = p.plan["corpus"], p.host
+    work = p.res / "work.json"
+    p.run([host["python"], "-m", "bench.gpu.corpus", "work", "--pages", str(corpus["floor_pages"]),
+           "--median", str(corpus["median"]), "--sigma", str(corpus["sigma"]),
+           "--out", str(work)])  # fmt: skip
+    for variant in ("whole", "blocks"):
+        p.run([host["engine_python"], "-m", "bench.gpu.floor", "--work", str(work), "--variant",
+               variant, "--out", str(p.res), *host.get("floor_args", [])])  # fmt: skip
+
+
+def up(p: Pass) -> None:
+    """make serve as the plan gives it (scripts/serve.sh, its logs in WORK/serve-logs)."""
+    (WORK / "serve-logs").mkdir(parents=True, exist_ok=True)
+    env = {"MODEL": p.path(p.host["model"]), "PROFILE": p.host["profile"], "LAYOUT": "on",
+           "VLLM_PORT": str(p.ports["engine"]), "PORT": str(p.ports["gateway"]),
+           "LAYOUT_PORT": str(p.ports["layout"]), "ENGINE_LOG_DIR": str(WORK / "serve-logs"),
+           "OCRVL_API_KEYS": KEY, "OCRVL_BACKEND_API_KEY": BACKEND_KEY,
+           "OCRVL_LOG_LEVEL": "warning", **p.host.get("serve_env", {})}  # fmt: skip
+    if p.host["model"] != "tiny":
+        env["LAYOUT_MODEL"] = p.path(p.host["layout_model"])
+    p.start("serve", ["bash", "scripts/serve.sh"], **env)
+
+
+def ready(p: Pass) -> None:
+    """The stack, then the stand-in and the layout variant's gateway in front of its engines."""
+    p.wait_ready("serve", p.url("gateway") + "/ready", p.host.get("ready_s", 600))
+    log = (WORK / "serve.log").read_text(errors="replace")
+    backends = log.split("gateway: OCRVL_BACKENDS=")[-1].split()[0]
+    python = p.host["python"]
+    p.start("standin", [python, "-m", "bench.gpu.layout_standin", "--port",
+                        str(p.ports["standin"]), "--forward", p.url("layout")])  # fmt: skip
+    p.start("layout-gateway", [python, "-m", "app.cli", "serve", "--port",
+                               str(p.ports["layout_gateway"])],
+            OCRVL_BACKENDS=backends, OCRVL_BACKEND_API_KEY=BACKEND_KEY, OCRVL_API_KEYS=KEY,
+            OCRVL_LAYOUT_URL=p.url("standin"), OCRVL_LOG_LEVEL="warning",
+            OCRVL_DATA_DIR=str(WORK / "layout-gateway-data"))  # fmt: skip
+    p.wait_ready("standin", p.url("standin") + "/ready", 60)
+    p.wait_ready("layout-gateway", p.url("layout_gateway") + "/ready", 120)
+
+
+def load(p: Pass, name: str, url: str, concurrency: int, *options: str) -> None:
+    """One window of bench.gpu.load, unless it cannot end before the call's limit."""
+    rules, corpus = p.plan["window"], p.plan["corpus"]
+    cap = min(rules["max_seconds"], p.left() - 30)
+    if cap < rules["seconds"] + rules["ramp_s"] + 10:
+        print(f"window {name} skipped: {p.left():.0f} s left in this call", flush=True)
+        return
+    p.run([p.host["python"], "-m", "bench.gpu.load", url, "--name", name, "--out", str(p.res),
+           "--concurrency", str(concurrency), "--ramp", str(rules["ramp_s"]),
+           "--window", str(rules["seconds"]), "--latencies", str(rules["latencies"]),
+           "--bin", str(rules["bin_s"]), "--max-seconds", str(int(cap)),
+           "--pages", str(corpus["pages"]), "--median", str(corpus["median"]),
+           "--sigma", str(corpus["sigma"]), "--key", KEY, *options])  # fmt: skip
+
+
+def window(p: Pass, index: int) -> None:
+    variants = {v["name"]: v for v in p.plan["variants"]}
+    turns = method.order(list(variants), p.plan["windows"])
+    variant = variants[turns[index]]
+    url = p.url("gateway" if variant["layout"] == "off" else "layout_gateway")
+    load(
+        p,
+        f"{index:02d}-{variant['name']}",
+        url,
+        variant["concurrency"],
+        "--api",
+        "ocr",
+        "--layout",
+        variant["layout"],
+    )
+
+
+def alone(p: Pass) -> None:
+    for index in range(p.plan["alone"]["windows"]):
+        load(p, f"alone-{index}", p.url("layout"), p.plan["alone"]["concurrency"], "--api",
+             "layout", "--seed", str(index))  # fmt: skip
+
+
+def down(p: Pass) -> None:
+    """SIGTERM to each group `up` and `ready` started (serve.sh stops what it started), then
+    SIGKILL to what is left of the group 20 s later."""
+    for name in ("layout-gateway", "standin", "serve"):
+        pid_file = WORK / f"{name}.pid"
+        if not pid_file.exists():
+            continue
+        pid = int(pid_file.read_text())
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+            for _ in range(20):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(1)
+        pid_file.unlink()
+        print(f"down: {name}", flush=True)
+
+
+def report(p: Pass) -> None:
+    """OUT/STEM.json (issue 50's summary) and OUT/STEM.md from RES."""
+    from bench.gpu import report as writer  # noqa: PLC0415
+
+    writer.write(p.plan, p.res, p.out)
+
+
+STAGES = {"install": install, "prepare": prepare, "floor": floor, "up": up, "ready": ready,
+          "alone": alone, "report": report, "down": down}  # fmt: skip
+
+
+def stages(p: Pass, words: list[str]) -> int:
+    """Run `words` (stages and their arguments) in order; 1 after the first that fails."""
+    while words:
+        word = words.pop(0)
+        print(f"=== {word} {time.strftime('%H:%M:%S', time.gmtime())}", flush=True)
+        try:
+            if word == "receive":
+                part = words.pop(0)
+                p.run(["bash", "bench/gpu/host/receive.sh", ".gpu-wheels-032s", part])
+            elif word == "window":
+                window(p, int(words.pop(0)))
+            else:
+                STAGES[word](p)
+        except (RuntimeError, KeyError, OSError) as exc:
+            print(f"stage {word} failed: {exc}", file=sys.stderr, flush=True)
+            p.collect()
+            return 1
+        p.collect()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m bench.gpu.run")
+    parser.add_argument("plan", type=Path)
+    parser.add_argument("--call", type=int, help="the plan's call N (0-based)")
+    parser.add_argument("stages", nargs="*", help="stages to run instead of a call's")
+    args = parser.parse_args(argv)
+    plan = json.loads(args.plan.read_text())
+    out = Path(os.environ.get("OUT") or plan["host"].get("out", "/tmp/gpu-out"))  # noqa: S108
+    words = list(args.stages) or " ".join(plan["calls"][args.call]).split()
+    return stages(Pass(plan, out), words)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""The pass as data: both plans name only stages the harness has, the H200 plan keeps method
+2's rules; the report turns a results folder into issue 50's summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.gpu import method, report, run
+from bench.gpu.method import Record
+
+PLANS = Path(__file__).resolve().parents[3] / "bench" / "gpu" / "plans"
+
+
+def plan(name: str) -> dict[str, Any]:
+    return dict(json.loads((PLANS / name).read_text()))
+
+
+@pytest.mark.parametrize("name", ["h200-method2.json", "cpu-rehearsal.json"])
+def test_every_call_names_stages_the_harness_has(name: str) -> None:
+    """Each call's words are stages (with a part number or a window index after `receive` and
+    `window`); every window of the A B B A order is run once, after `floor` and `up`."""
+    given = plan(name)
+    words = " ".join(" ".join(call) for call in given["calls"]).split()
+    windows = []
+    while words:
+        word = words.pop(0)
+        if word in ("receive", "window"):
+            (windows if word == "window" else []).append(int(words.pop(0)))
+        else:
+            assert word in run.STAGES
+    turns = method.order([v["name"] for v in given["variants"]], given["windows"])
+    assert sorted(windows) == list(range(len(turns)))
+
+
+def test_the_h200_plan_keeps_method_2s_rules() -> None:
+    """Variants `default` (layout off) and `layout` (on), 3 windows each, >= 120 s and >= 10
+    mean latencies, 10-s bins; every wheel part received once; calls within 600 s."""
+    given = plan("h200-method2.json")
+    assert [(v["name"], v["layout"]) for v in given["variants"]] == [
+        ("default", "off"), ("layout", "on")]  # fmt: skip
+    assert given["windows"] >= 3
+    assert given["window"]["seconds"] >= 120
+    assert given["window"]["latencies"] >= 10
+    assert given["window"]["bin_s"] == 10
+    parts = [int(call[0].split()[1]) for call in given["calls"] if call[0].startswith("receive")]
+    assert sorted(parts) == list(range(1, 40))
+    assert given["limit_s"] < 600
+    assert given["host"]["profile"] == "h200-141gb"
+
+
+def window_file(res: Path, name: str, rate_clients: int) -> None:
+    """A window's JSON as bench.gpu.load writes it, from a closed loop made to order."""
+    records = [Record(w, s / 2, s / 2 + 2.0, "200") for w in range(rate_clients)
+               for s in range(w % 4, 400, 4)]  # fmt: skip
+    found = method.window(records, 10.0, 150.0, latencies=5.0)
+    (res / f"{name}.json").write_text(json.dumps({"name": name} | found))
+
+
+def test_the_report_writes_the_summary_and_the_median_against_each_floor(
+    tmp_path: Path,
+) -> None:
+    """Three windows per variant and a layout-alone window in RES: STEM.json is issue 50's
+    shape (each variant with its own floor), STEM.md states the median window and its ratio."""
+    given = plan("h200-method2.json")
+    res, out = tmp_path / "res", tmp_path / "out"
+    res.mkdir()
+    for index, turn in enumerate(method.order(["default", "layout"], 3)):
+        window_file(res, f"{index:02d}-{turn}", 8 if turn == "default" else 4)
+    window_file(res, "alone-0", 16)
+    for variant, ms in (("whole", 25.0), ("blocks", 40.0)):
+        floor = {"ms_per_page": ms, "definition": "d", "machine": {"gpu": "NVIDIA H200"}}
+        (res / f"floor-{variant}.json").write_text(json.dumps(floor))
+    summary = report.write(given, res, out)
+    assert json.loads((out / "gpu-h200-method2.json").read_text()) == summary
+    assert summary["gpu"] == "NVIDIA H200"
+    assert summary["floor"] == {"ms_per_page": 25.0, "definition": "d"}
+    found = [(v["name"], v["floor_ms_per_page"], len(v["windows"])) for v in summary["variants"]]
+    assert found == [("default", 25.0, 3), ("layout", 40.0, 3)]
+    assert summary["layout_service_alone_pages_per_s"] == pytest.approx(8.0, rel=0.05)
+    text = (out / "gpu-h200-method2.md").read_text()
+    assert "**4.00 pages/s** (median window by count" in text
+    assert "**10.0 %** of its floor" in text  # 4 pages/s x 25 ms
