@@ -26,8 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import IdempotencyConflict, IdempotencyMismatch, InvalidRequest, quoted
-from app.settings import Settings
-from app.store.idempotency import Idempotency, Record, RedisIdempotency, SqliteIdempotency
+from app.store.idempotency import Idempotency, Record
 
 HEADER = "Idempotency-Key"
 MAX_LENGTH = 255
@@ -135,10 +134,3 @@ def _replayed(found: Record, wanted: str, key: str) -> Response:
         )
     headers = {**found.headers, REPLAYED: "true"}
     return Response(found.body, found.status, headers, media_type="application/json")
-
-
-def open_idempotency(settings: Settings) -> Idempotency:
-    """Redis when OCRVL_REDIS_URL is set, else the data dir's SQLite file (as the job store)."""
-    if settings.redis_url is not None:
-        return RedisIdempotency(settings.redis_url.get_secret_value(), settings.idempotency_ttl)
-    return SqliteIdempotency(settings.data_dir, settings.idempotency_ttl)

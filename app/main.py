@@ -20,11 +20,10 @@ from app.batches.requests import Chats
 from app.batches.runner import open_batches
 from app.context import RequestContextMiddleware
 from app.discovery import Discovery
-from app.documents.cache import open_results, sweeping
+from app.documents.cache import sweeping
 from app.documents.layouts import open_layouts
 from app.documents.workers import Preprocessor
 from app.errors import install_handlers
-from app.idempotency import open_idempotency
 from app.images import ChatImages
 from app.jobs.runner import open_jobs
 from app.media import MediaPolicy
@@ -35,6 +34,7 @@ from app.routes import batches, chat, files, health, jobs, layout_parsing, model
 from app.scheduling import Scheduler
 from app.settings import Settings
 from app.state import Gateway, State
+from app.store import open_idempotency, open_results
 from app.upstream import Upstream
 from app.usage.meter import metering
 
@@ -175,6 +175,7 @@ async def open_gateway(settings: Settings, metrics: Metrics, stack: AsyncExitSta
     layouts = await open_layouts(settings, stack)
     results = await open_results(settings)
     if results is not None:
+        log.info("the results cache is kept in %s", results.where)
         stack.push_async_callback(results.close)
         background(stack, sweeping(results, metrics, settings.cache_sweep_interval))
     idempotency = open_idempotency(settings)

@@ -36,8 +36,7 @@ from app.documents.job import PROMPTS, OcrJob, PageResult
 from app.documents.raster import RenderedPage
 from app.documents.workers import Preprocessor
 from app.metrics import Metrics
-from app.settings import Settings
-from app.store.results import ResultsCache, SqliteResults
+from app.store.results import ResultsCache
 
 log = logging.getLogger("ocrvl.cache")
 PIPELINE_VERSION = 1  # bump when the pipeline answers the same page differently
@@ -169,24 +168,6 @@ def state(pages: list[PageResult], consulted: bool) -> str:
         return "bypass"
     cached = sum(page.cached for page in pages)
     return "hit" if pages and cached == len(pages) else "partial" if cached else "miss"
-
-
-async def open_results(settings: Settings) -> ResultsCache | None:
-    """The results cache's store (None with OCRVL_CACHE=off), opened: Redis when
-    OCRVL_REDIS_URL is set, else the data dir's SQLite file (as the job store)."""
-    if settings.cache == "off":
-        return None
-    ttl, cap = settings.cache_ttl, settings.cache_max_bytes
-    store: ResultsCache
-    if settings.redis_url is not None:
-        from app.store.redisresults import RedisResults  # noqa: PLC0415 (replicas only)
-
-        store = RedisResults(settings.redis_url.get_secret_value(), ttl, cap)
-    else:
-        store = SqliteResults(settings.data_dir, ttl, cap)
-    await store.open()
-    log.info("the results cache is kept in %s", store.where)
-    return store
 
 
 async def sweeping(store: ResultsCache, metrics: Metrics, interval: float) -> None:
