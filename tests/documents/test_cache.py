@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from app.auth import KeyFile, KeyLimits
@@ -293,3 +294,18 @@ async def test_a_cached_job_gives_its_reserved_pages_back(fake: FakeVLLM, tmp_pa
         usage = (await client.get("/v1/usage")).json()
     assert len(fake.bodies) == 6
     assert (usage["total"]["pages"], usage["total"]["cached_pages"]) == (6, 3)
+
+
+async def test_a_stream_marks_its_cached_pages_and_counts_them_in_the_summary(
+    fake: FakeVLLM, tmp_path: Path
+) -> None:
+    """NDJSON: each page line from the cache has `cached: true`, the summary `cached: 2`; no
+    `x-ocrvl-cache` header (it goes out before any page is known)."""
+    async with gateway(fake, tmp_path) as client:
+        await client.post("/v1/ocr", files=upload())
+        stream = await client.post("/v1/ocr", files=upload(), data={"stream": "true"})
+    lines = [orjson.loads(line) for line in stream.text.splitlines()]
+    assert [line.get("cached") for line in lines if line["object"] == "ocr.page"] == [True, True]
+    assert lines[-1]["cached"] == 2
+    assert "x-ocrvl-cache" not in stream.headers
+    assert len(fake.bodies) == 2
