@@ -45,6 +45,7 @@ class RequestContext:
     answered: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached: int = 0  # pages answered from the results cache (not in `answered`: no GPU work)
     # set by the per-key limits (app/quotas): the answer's x-ratelimit-* headers, and what
     # gives the request's concurrency slot back once the answer is sent or the request failed
     response_headers: Sequence[tuple[bytes, bytes]] = ()

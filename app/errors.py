@@ -5,7 +5,9 @@
     ├── AuthenticationFailed 401     missing or unknown API key
     ├── ModelNotFound        404     model neither served nor an alias
     ├── NotFound             404     no such job for this key
+    ├── IdempotencyConflict  409     a submission with this Idempotency-Key is being accepted
     ├── PayloadTooLarge      413     body over OCRVL_MAX_BODY_BYTES
+    ├── IdempotencyMismatch  422     the Idempotency-Key was used with another request
     ├── RateLimited          429     the key's requests per minute or concurrency is used up
     ├── BudgetExhausted      429     the key's pages per day or month would be passed
     ├── ClientClosed         499     the client left first (logged; nobody reads the body)
@@ -108,6 +110,26 @@ class NotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
     code = "not_found"
+
+
+class IdempotencyConflict(GatewayError):
+    """A submission with the same Idempotency-Key is still being accepted (app/idempotency.py)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "idempotency_key_in_use"
+
+    def headers(self) -> dict[str, str]:
+        """The first is accepted within moments: the retry gets its answer."""
+        return {"retry-after": "1"}
+
+
+class IdempotencyMismatch(GatewayError):
+    """The Idempotency-Key was used before with another request (app/idempotency.py)."""
+
+    status = 422
+    type = "invalid_request_error"
+    code = "idempotency_key_reused"
 
 
 class PayloadTooLarge(GatewayError):

@@ -20,6 +20,7 @@ from app.batches.requests import Chats
 from app.batches.runner import open_batches
 from app.context import RequestContextMiddleware
 from app.discovery import Discovery
+from app.documents.cache import sweeping
 from app.documents.layouts import open_layouts
 from app.documents.workers import Preprocessor
 from app.errors import install_handlers
@@ -33,6 +34,7 @@ from app.routes import batches, chat, files, health, jobs, layout_parsing, model
 from app.scheduling import Scheduler
 from app.settings import Settings
 from app.state import Gateway, State
+from app.store import open_idempotency, open_results
 from app.upstream import Upstream
 from app.usage.meter import metering
 
@@ -171,9 +173,17 @@ async def open_gateway(settings: Settings, metrics: Metrics, stack: AsyncExitSta
     media = MediaPolicy(settings)
     stack.push_async_callback(media.aclose)
     layouts = await open_layouts(settings, stack)
+    results = await open_results(settings)
+    if results is not None:
+        log.info("the results cache is kept in %s", results.where)
+        stack.push_async_callback(results.close)
+        background(stack, sweeping(results, metrics, settings.cache_sweep_interval))
+    idempotency = open_idempotency(settings)
+    await idempotency.open()
+    stack.push_async_callback(idempotency.close)
     runner = await open_jobs(
         settings, metrics=metrics, scheduler=scheduler, relay=relay, documents=documents,
-        stack=stack, meter=meter, layouts=layouts,
+        stack=stack, meter=meter, layouts=layouts, results=results,
     )  # fmt: skip
     images = ChatImages(settings, documents)
     chats = Chats(settings, pool, relay, media, images)
@@ -197,6 +207,8 @@ async def open_gateway(settings: Settings, metrics: Metrics, stack: AsyncExitSta
         batches=batches,
         usage=meter,
         layouts=layouts,
+        results=results,
+        idempotency=idempotency,
     )
 
 

@@ -99,6 +99,27 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.cache_hits = Counter(
+            "ocrvl_cache_hits",
+            "Pages answered from the results cache (no layout service, no engine).",
+            registry=self.registry,
+        )
+        self.cache_misses = Counter(
+            "ocrvl_cache_misses",
+            "Pages looked up in the results cache and not found there (then read).",
+            registry=self.registry,
+        )
+        self.cache_entries = Gauge(
+            "ocrvl_cache_entries",
+            "Pages the results cache holds (every key), at its last sweep.",
+            registry=self.registry,
+        )
+        self.cache_bytes = Gauge(
+            "ocrvl_cache_bytes",
+            "Bytes the results cache holds (every key), at its last sweep (OCRVL_CACHE_MAX_BYTES).",
+            registry=self.registry,
+        )
+
     def watch_backends(self, read: BackendReadings) -> Collector:
         """Export per-backend load and capacity, read from `read` at each scrape; the lifespan
         unregisters the returned collector when it ends."""

@@ -86,6 +86,7 @@ class OcrFields(BaseModel):
     stream: bool = False
     page_images: bool = False
     layout: Literal["auto", "on", "off"] = "auto"
+    cache: bool = Field(default=True, description="false: the results cache is bypassed")
 
 
 class OcrUpload(OcrFields):
@@ -269,6 +270,8 @@ MODELS = (ErrorBody, ChatBody, OcrUpload, OcrJson, JobUpload, JobJson, FileUploa
           RestructurePagesRequest, PaddleXAnswer, PaddleXError)  # fmt: skip
 # PaddleX's routes answer every error in its envelope, a request it cannot take with 422
 PADDLEX = {("post", "/layout-parsing"), ("post", "/restructure-pages")}
+# submissions that take an Idempotency-Key (app/idempotency.py): 409 and 422 besides ERRORS
+IDEMPOTENT = {("post", "/v1/ocr/jobs"), ("post", "/v1/files"), ("post", "/v1/batches")}
 QUERIES: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {  # read by the routes
     ("get", "/v1/ocr/jobs/{job_id}"): [("wait", {"type": "number", "minimum": 0, "maximum": 60})],
     ("get", "/v1/ocr/jobs"): [("limit", {"type": "integer", "minimum": 1, "maximum": 100}),
@@ -317,6 +320,10 @@ def _describe(spec: dict[str, Any]) -> None:
                 link: {"operationId": target, **fields} for link, (target, fields) in links.items()
             }
         codes, shape = ((*ERRORS, 422), paddlex) if (method, path) in PADDLEX else (ERRORS, error)
+        if (method, path) in IDEMPOTENT:
+            codes = (*codes, 409, 422)
+            header = {"type": "string", "minLength": 1, "maxLength": 255}
+            operation["parameters"].append(_parameter("Idempotency-Key", "header", header))
         described = {str(code): {"description": "an error", "content": shape} for code in codes}
         operation["responses"] = {str(status): answer, **described}
     bare = copy.deepcopy(spec["paths"]["/v1/chat/completions"])  # seed recipes' path, the same

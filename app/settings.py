@@ -265,6 +265,31 @@ class Settings(BaseSettings):
         description="Seconds a gateway's claim on a job lasts unrenewed: after a crash, another "
         "replica takes the job over this long after the last renewal.",
     )
+    # -- the results cache and Idempotency-Key (docs/ocr.md, Results cache) --
+    cache: Literal["on", "off"] = Field(
+        default="on",
+        description="on: a page read once is answered again from the results cache (per key, "
+        "by content and options) by /v1/ocr, jobs, /layout-parsing and /ui; off: never.",
+    )
+    cache_ttl: float = Field(
+        default=7 * 86_400.0, gt=0, description="Seconds a cached page is kept after it was read."
+    )
+    cache_max_bytes: int = Field(
+        default=1024 * MiB,
+        gt=0,
+        description="Bytes the results cache may hold (all keys); past it, the oldest go first.",
+    )
+    cache_sweep_interval: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="Seconds between sweeps of the results cache (expired, then over the cap).",
+    )
+    idempotency_ttl: float = Field(
+        default=86_400.0,
+        gt=0,
+        description="Seconds an Idempotency-Key's first answer is kept (per key name).",
+    )
     # -- batches (docs/clients.md, Batches) --
     batch_max_file_bytes: int = Field(
         default=200 * MiB, gt=0, description="Size cap of one `/v1/files` upload (a batch's JSONL)."

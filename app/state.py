@@ -23,6 +23,8 @@ from app.quotas import Quotas
 from app.scheduling import Scheduler
 from app.settings import Settings
 from app.store import Store
+from app.store.idempotency import Idempotency
+from app.store.results import ResultsCache
 from app.usage.meter import Meter
 
 
@@ -46,6 +48,8 @@ class Gateway:
     batches: BatchRunner  # runs batches (/v1/batches) there too; `.files`: /v1/files
     usage: Meter | None  # usage per key and page budgets (None: OCRVL_USAGE=off)
     layouts: LayoutService | None = None  # the layout service (None: OCRVL_LAYOUT_URL unset)
+    results: ResultsCache | None = None  # the results cache's store (None: OCRVL_CACHE=off)
+    idempotency: Idempotency | None = None  # Idempotency-Key records (submissions)
 
 
 class State(TypedDict):

@@ -42,6 +42,10 @@ CLIENT_KEY = "sk-test-client-key"
 BACKEND_KEY = "sk-test-backend-key"
 TINY_SERVED_NAME = "paddleocr-vl-tiny"
 ENGINE_START_TIMEOUT = 600.0
+# The results cache (on by default) would answer the pages the suite sends again and again
+# without a backend: every gateway here, in-process or a subprocess that inherits this
+# environment, runs without it unless its test turns it on (tests/documents/test_cache.py).
+os.environ.setdefault("OCRVL_CACHE", "off")
 
 # Time is no property of what the generated tests check: on a loaded 2-core machine Hypothesis's
 # per-example deadline and its too-slow health check failed a correct test (test_policy's fuzz).

@@ -74,7 +74,8 @@ async def test_usage_shows_the_callers_own_answered_requests(
     mine = (await client.get("/v1/usage", headers=bearer(made["free"]))).json()
     assert mine["key"] == "free"
     assert mine["total"] == {
-        "requests": 3, "pages": 2, "prompt_tokens": 30, "completion_tokens": 6, "total_tokens": 36
+        "requests": 3, "pages": 2, "prompt_tokens": 30, "completion_tokens": 6, "total_tokens": 36,
+        "cached_pages": 0,
     }  # fmt: skip
     assert [day["date"] for day in mine["data"]] == [mine["end"]]
     theirs = (await client.get("/v1/usage?key=free", headers=bearer(made["capped"]))).json()

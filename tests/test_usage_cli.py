@@ -48,11 +48,11 @@ def test_every_keys_usage_is_listed_with_totals(tmp_path: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     lines = [line.split() for line in shown.stdout.splitlines()[1:]]
     assert lines == [
-        ["team-a", "2026-11-30", "2", "3", "300", "30"],
-        ["team-a", "2026-12-01", "1", "1", "100", "10"],
-        ["team-a", "total", "3", "4", "400", "40"],
-        ["team-b", "2026-12-01", "5", "5", "500", "50"],
-        ["team-b", "total", "5", "5", "500", "50"],
+        ["team-a", "2026-11-30", "2", "3", "300", "30", "0"],
+        ["team-a", "2026-12-01", "1", "1", "100", "10", "0"],
+        ["team-a", "total", "3", "4", "400", "40", "0"],
+        ["team-b", "2026-12-01", "5", "5", "500", "50", "0"],
+        ["team-b", "total", "5", "5", "500", "50", "0"],
     ]
 
 
@@ -64,7 +64,8 @@ def test_one_keys_usage_as_csv_from_a_day_on(tmp_path: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     assert list(csv.DictReader(io.StringIO(shown.stdout))) == [
         {"key": "team-a", "date": "2026-12-01", "requests": "1", "pages": "1",
-         "prompt_tokens": "100", "completion_tokens": "10", "total_tokens": "110"},
+         "prompt_tokens": "100", "completion_tokens": "10", "total_tokens": "110",
+         "cached_pages": "0"},
     ]  # fmt: skip
 
 

@@ -8,6 +8,8 @@ resize      PaddleOCR-VL's `smart_resize`, EXIF orientation, RGB, encoding
 workers     the process pool the lifespan owns (OCRVL_PREPROCESS_WORKERS)
 job         what to read (OcrJob) and each page's answer (PageResult): fanout and parsing share them
 fanout      pages to the backends through the same relay as chat, bounded per request
+digests     runs in the worker processes: a page's content hash, for the results cache
+cache       the results cache as pages consult it: a page's key, its answer kept and read back
 otsl        the table model's OTSL tokens as an HTML table
 output      the answer: JSON, an NDJSON stream, or markdown
 errors      DocumentError, the one error the workers raise (a 400 on `file` or `pages`)

@@ -20,6 +20,7 @@ from starlette.types import Message, Receive
 from app.chat import ChatRequest
 from app.context import RequestContext
 from app.documents import otsl
+from app.documents.cache import PageCache
 from app.documents.errors import DocumentError
 from app.documents.job import PROMPTS, OcrJob, PageResult
 from app.documents.layouts import LayoutService
@@ -65,8 +66,10 @@ async def run_pages(
     concurrency: int,
     layouts: LayoutService | None = None,
     block_concurrency: int = 32,
+    cache: PageCache | None = None,
 ) -> AsyncGenerator[PageResult]:
-    """Every page of `job`, as each finishes (block by block when `job.layout` is set)."""
+    """Every page of `job`, as each finishes (block by block when `job.layout` is set); with
+    `cache`, a page answered before is taken from it and one read now is kept in it."""
     slots = asyncio.Semaphore(concurrency)
     pipeline = None
     if job.layout is not None and layouts is not None:
@@ -78,16 +81,22 @@ async def run_pages(
         async with slots:
             if disconnect.gone.is_set():
                 return PageResult(index + 1, error=ClientClosed("the client closed the connection"))
-            if pipeline is not None:
-                return await parse_page(job, index, pipeline, parent, disconnect.receive)
-            return await _page(
-                job,
-                index,
-                preprocessor=preprocessor,
-                relay=relay,
-                parent=parent,
-                disconnect=disconnect,
-            )
+            if cache is not None:
+                return await cache.page(job, index, preprocessor, lambda seen: read(index, seen))
+            return await read(index, None)
+
+    async def read(index: int, rendered: RenderedPage | None) -> PageResult:
+        if pipeline is not None:
+            return await parse_page(job, index, pipeline, parent, disconnect.receive)
+        return await _page(
+            job,
+            index,
+            preprocessor=preprocessor,
+            relay=relay,
+            parent=parent,
+            disconnect=disconnect,
+            rendered=rendered,
+        )
 
     tasks = [asyncio.create_task(one(index)) for index in job.pages]
     try:
@@ -107,11 +116,13 @@ async def _page(
     relay: Relay,
     parent: RequestContext,
     disconnect: Disconnect,
+    rendered: RenderedPage | None = None,
 ) -> PageResult:
+    """Page `index` read whole (`rendered`: the page, when the cache has rendered it)."""
     number = index + 1
     context = parent.part(f"p{number}", job.model)
     try:
-        rendered = await preprocessor.render(job.source, index)
+        rendered = rendered or await preprocessor.render(job.source, index)
         response = await relay.complete(
             page_request(job, rendered), job.model, context, disconnect.receive
         )

@@ -57,6 +57,7 @@ class PageResult:
     blocks: list[dict[str, Any]] | None = field(default=None, repr=False)  # with a layout
     images: dict[str, str] | None = field(default=None, repr=False)  # markdown path -> data URL
     boxes: list[Box] | None = field(default=None, repr=False)  # with a layout: the service's
+    cached: bool = False  # answered from the results cache (app/documents/cache.py)
 
     def as_dict(self) -> dict[str, Any]:
         """The page as the API shows it (`error` in OpenAI's shape, only when it failed)."""
@@ -69,6 +70,8 @@ class PageResult:
         for name in ("image", "html", "markdown", "blocks", "images"):  # only those it has
             if (value := getattr(self, name)) is not None:
                 shown[name] = value
+        if self.cached:
+            shown["cached"] = True
         if self.error is not None:
             shown["error"] = self.error.body()["error"]
         return shown

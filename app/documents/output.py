@@ -122,6 +122,8 @@ class PageStream(Response):
                 await self._line(send, {"object": "ocr.page", **page.as_dict()})
             failed = sum(page.error is not None for page in done)
             summary = {"object": "ocr.summary", "pages": len(done), "failed": failed}
+            if cached := sum(page.cached for page in done):  # the results cache answered these
+                summary["cached"] = cached
             await self._line(send, {**summary, "usage": total_usage(done)})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 

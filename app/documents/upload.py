@@ -47,6 +47,7 @@ class OcrOptions:
     callback_url: str | None = None  # jobs only (app/jobs/webhook.py checks it)
     layout: str = "auto"  # auto, on, off (docs/ocr-layout.md)
     layout_options: LayoutOptions = field(default_factory=LayoutOptions)
+    cache: bool = True  # false: the results cache neither answers nor keeps (docs/ocr.md)
 
 
 @dataclass(slots=True)
@@ -165,6 +166,7 @@ def parse_options(fields: dict[str, Any]) -> OcrOptions:
     return OcrOptions(
         task, selection, dpi, max_tokens, model, _boolean(fields, "stream"),
         _boolean(fields, "page_images"), callback_url, layout, layout_options,
+        _boolean(fields, "cache", default=True),
     )  # fmt: skip
 
 
@@ -181,12 +183,12 @@ def _integer(
     return policy.bounded_integer(name, value, *bounds)
 
 
-def _boolean(fields: dict[str, Any], name: str) -> bool:
-    value = fields.get(name, False)
+def _boolean(fields: dict[str, Any], name: str, *, default: bool = False) -> bool:
+    value = fields.get(name, default)
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", ""):
-        return value.lower() in ("true", "1")
+        return value.lower() in ("true", "1") or (value == "" and default)
     raise InvalidRequest(f"`{name}` must be true or false; got {quoted(value)}", param=name)
 
 

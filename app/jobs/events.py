@@ -18,6 +18,7 @@ class JobEvents:
 
     def __init__(self, metrics: Metrics, background_waiting: Callable[[], int]) -> None:
         registry = metrics.registry
+        self.metrics = metrics  # the gateway's own (the results cache's counters)
         self.jobs = Counter(
             "ocrvl_jobs", "Jobs that reached each status on this gateway.", ["status"],
             registry=registry,

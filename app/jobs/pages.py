@@ -18,13 +18,14 @@ import orjson
 from starlette.types import Message
 
 from app.context import RequestContext
+from app.documents.cache import PageCache
 from app.documents.errors import DocumentError
 from app.documents.fanout import page_request, read_answer
 from app.documents.job import OcrJob, PageResult
 from app.documents.layout_options import LayoutOptions
 from app.documents.layouts import LayoutService
 from app.documents.parsing import Pipeline, parse_page
-from app.documents.raster import Source
+from app.documents.raster import RenderedPage, Source
 from app.documents.workers import Preprocessor
 from app.errors import BackendUnavailable, GatewayError, Overloaded
 from app.jobs.events import JobEvents
@@ -51,6 +52,7 @@ class PageWork:
     meter: Meter | None = None  # usage per key (None: OCRVL_USAGE=off)
     layouts: LayoutService | None = None  # the layout service (None: OCRVL_LAYOUT_URL unset)
     blocks: asyncio.Semaphore | None = None  # the job's blocks in flight (with a layout)
+    cache: PageCache | None = None  # the results cache (None: off, or bypassed by the job)
 
 
 async def run_pages(work: PageWork, concurrency: int) -> None:
@@ -120,13 +122,28 @@ async def _page(work: PageWork, index: int) -> None:
     )
     kept = await work.store.add_page(job.id, record)
     if kept and not failed and work.meter is not None:  # once, even for a page read twice
-        reserved = bool(job.spec.get("reserved"))  # in the store since its submission
-        work.meter.job_page(job.owner, work.ocr.model, usage, reserved=reserved)
+        reserved = job.spec.get("reserved")  # in the store since its submission
+        if result.cached:
+            work.meter.cached_page(job.owner, work.ocr.model, reserved)
+        else:
+            work.meter.job_page(job.owner, work.ocr.model, usage, reserved=bool(reserved))
 
 
 async def _read(work: PageWork, index: int, context: RequestContext) -> PageResult:
+    """The page from the cache, else read."""
+    if work.cache is None:
+        return await _read_now(work, index, context, None)
+    return await work.cache.page(
+        work.ocr, index, work.preprocessor, lambda seen: _read_now(work, index, context, seen)
+    )
+
+
+async def _read_now(
+    work: PageWork, index: int, context: RequestContext, rendered: RenderedPage | None
+) -> PageResult:
     """The page's answer, or its error (transient ones raised, to be tried again: with a
-    layout, the whole page again, its layout service's 503 included)."""
+    layout, the whole page again, its layout service's 503 included); `rendered`: the page,
+    when the cache has rendered it."""
     number = index + 1
     if work.ocr.layout is not None and work.layouts is not None:
         blocks = work.blocks or asyncio.Semaphore(1)
@@ -135,7 +152,7 @@ async def _read(work: PageWork, index: int, context: RequestContext) -> PageResu
         )
         return await parse_page(work.ocr, index, pipeline, context, _never)
     try:
-        rendered = await work.preprocessor.render(work.ocr.source, index)
+        rendered = rendered or await work.preprocessor.render(work.ocr.source, index)
         response = await work.relay.complete(
             page_request(work.ocr, rendered), work.ocr.model, context, _never
         )

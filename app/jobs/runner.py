@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from app.documents.cache import PageCache
 from app.documents.layouts import LayoutService
 from app.documents.workers import Preprocessor
 from app.jobs.events import JobEvents
@@ -39,6 +40,7 @@ from app.scheduling import Scheduler
 from app.settings import Settings
 from app.store import ENDED, Job, Store, open_store
 from app.store.base import EXPIRED, FAILED, RUNNING, SUCCEEDED, StoreUnavailable
+from app.store.results import ResultsCache
 from app.usage.meter import Meter
 
 log = logging.getLogger("ocrvl.jobs")
@@ -60,8 +62,10 @@ class Runner:
         webhooks: Webhooks,
         meter: Meter | None = None,
         layouts: LayoutService | None = None,
+        results: ResultsCache | None = None,
     ) -> None:
         self.store = store
+        self.results = results  # the results cache (None: OCRVL_CACHE=off)
         self.layouts = layouts
         self.meter = meter
         self.events = events
@@ -155,10 +159,11 @@ class Runner:
             if path is None:
                 await self._end(job, FAILED, _error("the job's document is gone from the store"))
                 return
+            ocr = ocr_job(job, str(path))
             work = PageWork(
-                job, ocr_job(job, str(path)), self.store, self._relay, self._preprocessor,
-                self.events, self.meter, self.layouts,
-                asyncio.Semaphore(self._settings.ocr_block_concurrency),
+                job, ocr, self.store, self._relay, self._preprocessor, self.events, self.meter,
+                self.layouts, asyncio.Semaphore(self._settings.ocr_block_concurrency),
+                self._cache(job),
             )  # fmt: skip
             await run_pages(work, self._settings.job_page_concurrency)
             await self._conclude(job)
@@ -173,6 +178,14 @@ class Runner:
         finally:
             self.events.running.dec()
             await asyncio.to_thread(shutil.rmtree, folder, True)
+
+    def _cache(self, job: Job) -> PageCache | None:
+        """The results cache for the job's pages, unless it is off or the job bypassed it
+        (its options, the served model's revision included, taken when it was submitted)."""
+        options = job.spec.get("cache")
+        if self.results is None or not isinstance(options, dict):
+            return None
+        return PageCache.scoped(self.results, job.owner, options, self.events.metrics)
 
     async def _conclude(self, job: Job) -> None:
         """Every page is kept: succeeded, or failed when every page failed."""
@@ -255,6 +268,7 @@ async def open_jobs(
     stack: AsyncExitStack,
     meter: Meter | None = None,
     layouts: LayoutService | None = None,
+    results: ResultsCache | None = None,
 ) -> Runner:
     """The job store (SQLite or Redis) opened and the runner started, both closed by `stack`."""
     store = open_store(settings)
@@ -266,7 +280,7 @@ async def open_jobs(
     stack.callback(events.close)
     runner = Runner(
         store, relay=relay, preprocessor=documents, settings=settings, events=events,
-        webhooks=webhooks, meter=meter, layouts=layouts,
+        webhooks=webhooks, meter=meter, layouts=layouts, results=results,
     )  # fmt: skip
     await runner.start()
     stack.push_async_callback(runner.close)

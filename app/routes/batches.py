@@ -20,6 +20,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from app import idempotency
 from app.auth import KeyName
 from app.batches.lines import ENDPOINTS
 from app.batches.view import batch_object
@@ -94,8 +95,19 @@ def _checked(body: dict[str, Any]) -> tuple[str, str, str, dict[str, str] | None
 
 @router.post("/v1/batches")
 async def create(request: Request, key: Admitted, gateway: GatewayDep) -> Response:
-    """A batch of the key's input file, `validating` until the runner has read it."""
-    file_id, endpoint, window, metadata = _checked(await _body(request))
+    """A batch of the key's input file, `validating` until the runner has read it (the first
+    batch's answer again for a repeated Idempotency-Key: app/idempotency.py)."""
+    once_key = idempotency.key_of(request)
+    body = await _body(request)
+    return await idempotency.once(
+        gateway.idempotency, "batches", key, once_key,
+        printed=idempotency.fingerprint(body), submit=lambda: _create(body, key, gateway),
+    )  # fmt: skip
+
+
+async def _create(body: dict[str, Any], key: str, gateway: Gateway) -> Response:
+    """The batch made and kept."""
+    file_id, endpoint, window, metadata = _checked(body)
     record = await owned_file(gateway, key, file_id)
     if record.purpose != "batch":
         raise InvalidRequest(

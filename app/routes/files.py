@@ -23,6 +23,7 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.responses import Response, StreamingResponse
 
+from app import idempotency
 from app.auth import KeyName
 from app.batches.view import file_object
 from app.bodies import capped
@@ -116,8 +117,10 @@ async def _form(request: Request, cap: int) -> tuple[UploadFile, dict[str, str]]
 
 @router.post("/v1/files")
 async def upload(request: Request, key: Admitted, gateway: GatewayDep) -> Response:
-    """Keep a batch input file; the `file` object."""
+    """Keep a batch input file; the `file` object (the first file's again for a repeated
+    Idempotency-Key: app/idempotency.py)."""
     settings = gateway.settings
+    once_key = idempotency.key_of(request)
     upload, fields = await _form(request, settings.batch_max_file_bytes)
     try:
         purpose = fields.get("purpose")
@@ -130,18 +133,27 @@ async def upload(request: Request, key: Admitted, gateway: GatewayDep) -> Respon
         path = await asyncio.to_thread(_spool, upload)
     finally:
         await upload.close()
-    size = await asyncio.to_thread(os.path.getsize, path)
-    now = time.time()
     name = os.path.basename(upload.filename or "") or "input.jsonl"
-    record = FileRecord(
-        f"file-{secrets.token_hex(16)}", key, name[:255], "batch", size, now,
-        now + settings.job_ttl,
-    )  # fmt: skip
-    try:
+
+    async def keep() -> Response:
+        size = await asyncio.to_thread(os.path.getsize, path)
+        now = time.time()
+        record = FileRecord(
+            f"file-{secrets.token_hex(16)}", key, name[:255], "batch", size, now,
+            now + settings.job_ttl,
+        )  # fmt: skip
         await gateway.batches.files.put(record, path)
+        return json_response(file_object(record))
+
+    async def printed() -> str:
+        digest = await asyncio.to_thread(idempotency.file_digest, path)
+        return idempotency.fingerprint(digest, name, purpose)
+
+    try:
+        records = gateway.idempotency
+        return await idempotency.once(records, "files", key, once_key, printed=printed, submit=keep)
     finally:
         await asyncio.to_thread(_remove, path)
-    return json_response(file_object(record))
 
 
 def _spool(upload: UploadFile) -> Path:

@@ -21,12 +21,13 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app import catalog, policy
+from app import catalog, idempotency, policy
 from app.auth import KeyName
-from app.documents import layouts, output, upload
+from app.documents import cache, layouts, output, upload
 from app.documents.errors import DocumentError
 from app.documents.raster import Source
 from app.errors import InvalidRequest, NotFound, Overloaded, PayloadTooLarge, RateLimited
+from app.jobs.pages import ocr_job
 from app.jobs.view import job_object, page_results
 from app.quotas import Admitted
 from app.routes.files import after_of, limit_of, listed
@@ -49,8 +50,10 @@ def _json(value: Any, status: int = 200, headers: dict[str, str] | None = None) 
 async def submit(
     request: Request, key: Admitted, gateway: GatewayDep, context: Context
 ) -> Response:
-    """Store the (checked) document as a queued job; 202 with the job and its Location."""
+    """Store the (checked) document as a queued job; 202 with the job and its Location (the
+    first job's again for a repeated Idempotency-Key: app/idempotency.py)."""
     settings, store = gateway.settings, gateway.store
+    once_key = idempotency.key_of(request)
     active = await store.active(key)
     if active >= settings.job_max_active:
         raise RateLimited(
@@ -83,11 +86,27 @@ async def submit(
         spooled = await asyncio.to_thread(upload.spool, received, data, tempfile.gettempdir())
         path = spooled[0]
         cleanup.push_async_callback(asyncio.to_thread, upload.remove, path)  # unless stored
-        job = await _checked_job(gateway, key, options, spooled, context.served_model)
-        await _stored(gateway, job, Path(path))
-    gateway.jobs.events.event(job, "created", QUEUED, document_bytes=job.document_bytes)
-    location = f"/v1/ocr/jobs/{job.id}"
-    return _json(job_object(job), 202, {"location": location})
+        served = context.served_model
+
+        async def accept() -> Response:
+            job = await _checked_job(gateway, key, options, spooled, served)
+            if gateway.results is not None and cache.wanted(
+                request.headers.get("cache-control"), options.cache
+            ):  # what the job's pages are cached under, the model's revision now included
+                entry = gateway.pool.served_models().get(served)
+                job.spec["cache"] = cache.options_of(ocr_job(job, path), entry)
+            await _stored(gateway, job, Path(path))
+            gateway.jobs.events.event(job, "created", QUEUED, document_bytes=job.document_bytes)
+            return _json(job_object(job), 202, {"location": f"/v1/ocr/jobs/{job.id}"})
+
+        async def printed() -> str:
+            digest = await asyncio.to_thread(idempotency.file_digest, path)
+            return idempotency.fingerprint(digest, options)
+
+        records = gateway.idempotency
+        return await idempotency.once(
+            records, "jobs", key, once_key, printed=printed, submit=accept
+        )
 
 
 async def _checked_job(
@@ -213,6 +232,8 @@ async def result(request: Request, job_id: str, key: KeyName, gateway: GatewayDe
     mode = output.layout_fields(bool(job.spec.get("layout")))
     headers = {**output.summary_headers(pages), "x-ocr-job-status": job.status}
     headers |= output.layout_headers(mode)
+    if gateway.results is not None:  # of the pages kept so far
+        headers["x-ocrvl-cache"] = cache.state(pages, isinstance(job.spec.get("cache"), dict))
     if media_type == output.NDJSON:
         numbers = [index + 1 for index in job.spec["pages"]]
         cleanup = contextlib.AsyncExitStack()

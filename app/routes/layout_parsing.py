@@ -24,7 +24,7 @@ from starlette.responses import Response
 from app import policy
 from app.bodies import capped
 from app.context import RequestContext
-from app.documents import layouts, upload
+from app.documents import cache, layouts, upload
 from app.documents.errors import DocumentError
 from app.documents.fanout import Disconnect, run_pages
 from app.documents.job import OcrJob, PageResult
@@ -79,7 +79,13 @@ async def layout_parsing(
         visualize = infer.visualize is not False  # PaddleX's server default: on
         shown = await _visuals(gateway, source, made) if visualize else None
     _with_images(entries, read if infer.returnMarkdownImages else None, shown)
-    return await success(request, {"layoutParsingResults": entries, "dataInfo": found.data_info()})
+    answer = await success(
+        request, {"layoutParsingResults": entries, "dataInfo": found.data_info()}
+    )
+    if gateway.results is not None:  # PaddleX's body has no field for it: a header only
+        consulted = cache.wanted(request.headers.get("cache-control"), True)
+        answer.headers["x-ocrvl-cache"] = cache.state(read, consulted)
+    return answer
 
 
 @router.post("/restructure-pages")
@@ -214,12 +220,15 @@ async def _read(
         job, preprocessor=gateway.documents, relay=gateway.relay, parent=context,
         disconnect=disconnect, concurrency=gateway.settings.ocr_page_concurrency,
         layouts=gateway.layouts, block_concurrency=gateway.settings.ocr_block_concurrency,
+        cache=_cache(gateway, request, job, context.key_name),
     )  # fmt: skip
     done: list[PageResult] = []
     try:
         async for page in read:
             done.append(page)
-            if page.error is None:
+            if page.cached:  # no engine work: counted apart, its budget page given back
+                context.cached += 1
+            elif page.error is None:
                 usage = page.usage or {}
                 context.answered += 1
                 context.prompt_tokens += int(usage.get("prompt_tokens") or 0)
@@ -231,6 +240,18 @@ async def _read(
         if (failed := results.failure_of(page)) is not None:
             raise failed
     return done
+
+
+def _cache(
+    gateway: Gateway, request: Request, job: OcrJob, key_name: str | None
+) -> cache.PageCache | None:
+    """The results cache for the document's pages, unless it is off or the request says
+    `Cache-Control: no-cache` (PaddleX's body has no field for it)."""
+    if gateway.results is None or not cache.wanted(request.headers.get("cache-control"), True):
+        return None
+    entry = gateway.pool.served_models().get(job.model)
+    wanted = cache.options_of(job, entry)
+    return cache.PageCache.scoped(gateway.results, key_name, wanted, gateway.metrics)
 
 
 async def _visuals(gateway: Gateway, source: Source, made: Sequence[Page]) -> list[Visuals]:

@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from app import catalog, policy
 from app.context import RequestContext
-from app.documents import layouts, output, upload
+from app.documents import cache, layouts, output, upload
 from app.documents.errors import DocumentError
 from app.documents.fanout import Disconnect, run_pages
 from app.documents.job import OcrJob, PageResult
@@ -45,6 +45,7 @@ async def ocr(request: Request, _: Admitted, gateway: GatewayDep, context: Conte
         job = await _prepare(gateway, cleanup, received, data, context.served_model, layout=layout)
         if gateway.usage is not None:  # the whole document under the key's page budget, first
             await gateway.usage.admit(context, len(job.pages))
+        cached = _cache(gateway, request, options, job, context)
         disconnect = Disconnect(request.receive)
         cleanup.callback(disconnect.close)
         pages = run_pages(
@@ -56,6 +57,7 @@ async def ocr(request: Request, _: Admitted, gateway: GatewayDep, context: Conte
             concurrency=settings.ocr_page_concurrency,
             layouts=gateway.layouts,
             block_concurrency=settings.ocr_block_concurrency,
+            cache=cached,
         )
         cleanup.push_async_callback(pages.aclose)
         pages = _counted(pages, context)
@@ -70,7 +72,28 @@ async def ocr(request: Request, _: Admitted, gateway: GatewayDep, context: Conte
     except BaseException:
         await cleanup.aclose()
         raise
-    return _whole(job.model, done, media_type, mode)
+    response = _whole(job.model, done, media_type, mode)
+    if gateway.results is not None:
+        response.headers["x-ocrvl-cache"] = cache.state(done, cached is not None)
+    return response
+
+
+def _cache(
+    gateway: Gateway,
+    request: Request,
+    options: upload.OcrOptions,
+    job: OcrJob,
+    context: RequestContext,
+) -> cache.PageCache | None:
+    """The results cache for this document's pages, unless it is off or the request
+    bypasses it (`Cache-Control: no-cache`, `cache=false`)."""
+    if gateway.results is None:
+        return None
+    if not cache.wanted(request.headers.get("cache-control"), options.cache):
+        return None
+    entry = gateway.pool.served_models().get(job.model)
+    wanted = cache.options_of(job, entry)
+    return cache.PageCache.scoped(gateway.results, context.key_name, wanted, gateway.metrics)
 
 
 async def _counted(
@@ -78,7 +101,9 @@ async def _counted(
 ) -> AsyncGenerator[PageResult]:
     """`pages`, each answered one counted on the request's context (app/usage meters it)."""
     async for page in pages:
-        if page.error is None:
+        if page.cached:  # no engine work: counted apart, its budget page given back
+            context.cached += 1
+        elif page.error is None:
             usage = page.usage or {}
             context.answered += 1
             context.prompt_tokens += int(usage.get("prompt_tokens") or 0)

@@ -7,16 +7,19 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Protocol
 
 FIELDS = ("requests", "pages", "prompt_tokens", "completion_tokens")
+CACHED = "cached_pages"  # kept beside FIELDS: pages answered from the results cache
 
 
 @dataclass(slots=True)
 class Counts:
-    """What one key used: answered requests, pages, and the engine's token counts."""
+    """What one key used: answered requests, pages, and the engine's token counts; pages
+    answered from the results cache apart (`cached_pages`: not in `pages`, no tokens)."""
 
     requests: int = 0
     pages: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_pages: int = 0
 
     def add(self, other: Counts) -> None:
         """Add `other`'s counts to these."""
@@ -24,9 +27,10 @@ class Counts:
         self.pages += other.pages
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
+        self.cached_pages += other.cached_pages
 
     def values(self) -> tuple[int, int, int, int]:
-        """The counts in `FIELDS` order."""
+        """The counts in `FIELDS` order (`cached_pages` apart)."""
         return (self.requests, self.pages, self.prompt_tokens, self.completion_tokens)
 
     def shown(self) -> dict[str, int]:
@@ -37,6 +41,7 @@ class Counts:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "cached_pages": self.cached_pages,
         }
 
 

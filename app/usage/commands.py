@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
-from app.usage.base import FIELDS, Counts, DayTotals, UsageStore, today
+from app.usage.base import Counts, DayTotals, UsageStore, today
 
 BUDGET_FLAGS = ("pages_per_day", "pages_per_month")
 
@@ -87,12 +87,13 @@ def keys_usage(args: argparse.Namespace) -> int:
         return 2
     if args.csv:
         out = csv.writer(sys.stdout, lineterminator="\n")
-        out.writerow(["key", "date", *FIELDS, "total_tokens"])
+        out.writerow(["key", "date", *Counts().shown()])
         for row in rows:
             out.writerow([row.key, row.day, *row.counts.shown().values()])
         return 0
     print(
         f"{'KEY':<24} {'DATE':<10} {'REQUESTS':>9} {'PAGES':>9} {'PROMPT':>12} {'COMPLETION':>12}"
+        f" {'CACHED':>9}"
     )
     for key in sorted({row.key for row in rows}):
         total = Counts()
@@ -105,4 +106,5 @@ def keys_usage(args: argparse.Namespace) -> int:
 
 def _line(key: str, day: str, counts: Counts) -> str:
     requests, pages, prompt, completion = counts.values()
-    return f"{key:<24} {day:<10} {requests:>9} {pages:>9} {prompt:>12} {completion:>12}"
+    line = f"{key:<24} {day:<10} {requests:>9} {pages:>9} {prompt:>12} {completion:>12}"
+    return f"{line} {counts.cached_pages:>9}"

@@ -9,6 +9,8 @@
     release(...)            the job's end (done, failed, cancelled, expired): the reserved pages
                             that got no answer are given back
     job_page(...)           a job's finished page (the job runner calls it once per page)
+    cached_page(...)        a job's page answered from the results cache: counted apart, and
+                            its reserved page given back (cached pages draw no budget)
     run()                   the flusher: every OCRVL_USAGE_FLUSH_INTERVAL seconds, the counts
                             gathered in memory go to the store in one batch, off the hot path
 
@@ -45,6 +47,10 @@ SERIES = (
         "Pages answered (a chat request with an image is one), by key and model.",
     ),
     ("ocrvl_usage_tokens", "The engine's own token counts, by key name, model and kind."),
+    (
+        "ocrvl_usage_cached_pages",
+        "Pages answered from the results cache (not in ocrvl_usage_pages), by key and model.",
+    ),
 )
 
 
@@ -141,6 +147,13 @@ class Meter:
         counts = Counts(0, 1, prompt, int(usage.get("completion_tokens") or 0))
         self._count(key, model or "unknown", self.today(), counts, 0 if reserved else 1)
 
+    def cached_page(self, key: str, model: str | None, reservation: Reservation | None) -> None:
+        """Count one job page answered from the results cache: apart from the pages read (no
+        engine work, no tokens), and the page its job reserved given back with the next flush
+        (docs/limits.md: cached pages draw nothing from a budget)."""
+        day = str(reservation["day"]) if reservation else self.today()
+        self._count(key, model or "unknown", day, Counts(cached_pages=1), -1 if reservation else 0)
+
     async def _reserve(self, key: str, day: str, pages: int, budget: Budget) -> bool:
         """True once reserved; a store that fails leaves the pages to the batch (served)."""
         try:
@@ -173,9 +186,9 @@ class Meter:
                 await self.store.unreserve(key, day, reserved - pages)
             except Exception as exc:  # served all the same: logged
                 log.warning("usage store %s: pages not given back (%s)", self.store.where, exc)
-        if not context.answered:
+        if not context.answered and not context.cached:
             return
-        counts = Counts(1, pages, context.prompt_tokens, context.completion_tokens)
+        counts = Counts(1, pages, context.prompt_tokens, context.completion_tokens, context.cached)
         model = context.served_model or "unknown"
         self._count(key, model, day, counts, pages - min(reserved, pages))
 
@@ -253,18 +266,20 @@ class UsageCollector(Collector):
         self._meter = meter
 
     def collect(self) -> Iterator[Metric]:
-        """The three counter families."""
-        (requests, help_r), (pages, help_p), (tokens, help_t) = SERIES
+        """The four counter families."""
+        (requests, help_r), (pages, help_p), (tokens, help_t), (cached, help_c) = SERIES
         families = (
             CounterMetricFamily(requests, help_r, labels=["key", "model"]),
             CounterMetricFamily(pages, help_p, labels=["key", "model"]),
             CounterMetricFamily(tokens, help_t, labels=["key", "model", "kind"]),
+            CounterMetricFamily(cached, help_c, labels=["key", "model"]),
         )
         for (key, model), counts in list(self._meter.seen.items()):
             families[0].add_metric([key, model], counts.requests)
             families[1].add_metric([key, model], counts.pages)
             families[2].add_metric([key, model, "prompt"], counts.prompt_tokens)
             families[2].add_metric([key, model, "completion"], counts.completion_tokens)
+            families[3].add_metric([key, model], counts.cached_pages)
         yield from families
 
 

@@ -1,6 +1,7 @@
 """Usage totals in Redis (OCRVL_REDIS_URL), beside the jobs: every replica adds into one total.
 
-    ocrvl:usage:NAME:DAY    hash: requests, pages, prompt_tokens, completion_tokens (HINCRBY)
+    ocrvl:usage:NAME:DAY    hash: requests, pages, prompt_tokens, completion_tokens,
+                            cached_pages (HINCRBY)
     ocrvl:usage:days        sorted set: "DAY NAME" by the day's ordinal (the read-out's index)
 
 A budget's check and its addition are one Lua script: two replicas cannot both take the last page.
@@ -13,7 +14,7 @@ from datetime import date
 from redis.asyncio import Redis
 
 from app.quotas.link import redacted, store_client
-from app.usage.base import FIELDS, Budget, Counts, DayTotals, Refusal, month_days
+from app.usage.base import CACHED, FIELDS, Budget, Counts, DayTotals, Refusal, month_days
 
 P = "ocrvl:usage:"
 INDEX = P + "days"
@@ -63,6 +64,8 @@ class RedisUsage:
                 for name, value in zip(FIELDS, counts.values(), strict=True):
                     if value:
                         pipe.hincrby(_hash(key, day), name, value)
+                if counts.cached_pages:
+                    pipe.hincrby(_hash(key, day), CACHED, counts.cached_pages)
                 pipe.zadd(INDEX, {f"{day} {key}": date.fromisoformat(day).toordinal()}, nx=True)
             await pipe.execute()
 
@@ -98,5 +101,6 @@ class RedisUsage:
         found = []
         for (name, day), row in zip(wanted, rows, strict=True):
             values = {field.decode(): int(value) for field, value in row.items()}
-            found.append(DayTotals(name, day, Counts(**{f: values.get(f, 0) for f in FIELDS})))
+            counts = Counts(**{f: values.get(f, 0) for f in (*FIELDS, CACHED)})
+            found.append(DayTotals(name, day, counts))
         return sorted(found, key=lambda totals: (totals.key, totals.day))

@@ -22,17 +22,21 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage_days (
     key TEXT NOT NULL, day TEXT NOT NULL, requests INTEGER NOT NULL DEFAULT 0,
     pages INTEGER NOT NULL DEFAULT 0, prompt_tokens INTEGER NOT NULL DEFAULT 0,
-    completion_tokens INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (key, day)
+    completion_tokens INTEGER NOT NULL DEFAULT 0, cached_pages INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (key, day)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS usage_by_day ON usage_days (day);
 """
 ADD = """
-INSERT INTO usage_days (key, day, requests, pages, prompt_tokens, completion_tokens)
-VALUES (?, ?, ?, ?, ?, ?)
+INSERT INTO usage_days (key, day, requests, pages, prompt_tokens, completion_tokens,
+    cached_pages)
+VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (key, day) DO UPDATE SET requests = requests + excluded.requests,
     pages = pages + excluded.pages, prompt_tokens = prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = completion_tokens + excluded.completion_tokens
+    completion_tokens = completion_tokens + excluded.completion_tokens,
+    cached_pages = cached_pages + excluded.cached_pages
 """
+CACHED_COLUMN = "ALTER TABLE usage_days ADD COLUMN cached_pages INTEGER NOT NULL DEFAULT 0"
 PAGES = "SELECT coalesce(sum(pages), 0) FROM usage_days WHERE key = ? AND day BETWEEN ? AND ?"
 
 
@@ -51,7 +55,10 @@ class SqliteUsage:
     def _open(self) -> None:
         if self._database.connected:  # opened already (the meter tries again after a failure)
             return
-        self._database.connect(SCHEMA, rows=False, synchronous="NORMAL")
+        db = self._database.connect(SCHEMA, rows=False, synchronous="NORMAL")
+        columns = {row[1] for row in db.execute("PRAGMA table_info(usage_days)")}
+        if "cached_pages" not in columns:  # a data dir from before the results cache
+            db.execute(CACHED_COLUMN)
 
     async def close(self) -> None:
         """Close the connection."""
@@ -62,7 +69,10 @@ class SqliteUsage:
 
     async def add(self, batch: dict[tuple[str, str], Counts]) -> None:
         """One transaction for the whole batch."""
-        rows = [(key, day, *counts.values()) for (key, day), counts in batch.items()]
+        rows = [
+            (key, day, *counts.values(), counts.cached_pages)
+            for (key, day), counts in batch.items()
+        ]
 
         def work(db: sqlite3.Connection) -> None:
             db.execute("BEGIN IMMEDIATE")
@@ -83,7 +93,7 @@ class SqliteUsage:
             try:
                 refusal = _over(db, key, day, pages, budget)
                 if refusal is None:
-                    db.execute(ADD, (key, day, 0, pages, 0, 0))
+                    db.execute(ADD, (key, day, 0, pages, 0, 0, 0))
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
@@ -94,18 +104,19 @@ class SqliteUsage:
 
     async def unreserve(self, key: str, day: str, pages: int) -> None:
         """Subtract the pages."""
-        await self._run(lambda db: db.execute(ADD, (key, day, 0, -pages, 0, 0)))
+        await self._run(lambda db: db.execute(ADD, (key, day, 0, -pages, 0, 0, 0)))
 
     async def totals(self, key: str | None, start: str, end: str) -> list[DayTotals]:
         """Rows of the days asked, by key then day."""
-        sql = "SELECT * FROM usage_days WHERE day BETWEEN ? AND ?"
+        sql = "SELECT key, day, requests, pages, prompt_tokens, completion_tokens, cached_pages "
+        sql += "FROM usage_days WHERE day BETWEEN ? AND ?"
         args = [start, end]
         if key is not None:
             sql += " AND key = ?"
             args.append(key)
         sql += " ORDER BY key, day"
         rows = await self._run(lambda db: db.execute(sql, args).fetchall())
-        return [DayTotals(row[0], row[1], Counts(*row[2:6])) for row in rows]
+        return [DayTotals(row[0], row[1], Counts(*row[2:7])) for row in rows]
 
 
 def _over(db: sqlite3.Connection, key: str, day: str, pages: int, budget: Budget) -> Refusal | None:
