@@ -108,7 +108,7 @@ serve: venv  ## vLLM, layout service, gateway without Docker (MODEL=tiny offline
 	MODEL=$(MODEL) PROFILE=$(PROFILE) ENGINES=$(ENGINES) MPS=$(MPS) VLLM_PORT=$(VLLM_PORT) PORT=$(PORT) \
 	LAYOUT=$(LAYOUT) LAYOUT_MODEL=$(LAYOUT_MODEL) LAYOUT_PORT=$(LAYOUT_PORT) \
 	TINY_MODEL_DIR=$(TINY_MODEL_DIR) TINY_LAYOUT_DIR=$(or $(TINY_LAYOUT_DIR),.cache/tiny-layout) \
-	VENV=$(VENV) GATEWAY_VENV=$(GATEWAY_VENV) scripts/serve.sh
+	VENV=$(VENV) GATEWAY_VENV=$(GATEWAY_VENV) MAKE_SERVE_TIE=1 exec scripts/serve.sh  # make's child, tied to it
 
 bench: venv  ## gateway overhead: the same backend direct and through the gateway
 	$(GW) -m bench.overhead

@@ -20,6 +20,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from app.main import create_app
     from app.settings import Settings
+    from app.stopping import Stop, StoppingServer
 
     overrides = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
     try:
@@ -33,8 +34,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     reuse_freed_memory()
     read_ahead()
-    uvicorn.run(
-        create_app(settings),
+    stop = Stop()  # SIGTERM, Ctrl-C: the job runner hands its jobs back before requests drain
+    config = uvicorn.Config(
+        create_app(settings, stop=stop),
         host=settings.host,
         port=settings.port,
         loop="uvloop",
@@ -43,6 +45,10 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=False,  # the gateway writes its own JSON line per request
         timeout_keep_alive=75,  # outlive nginx's upstream keep-alive so nginx closes first
     )
+    server = StoppingServer(config, stop)
+    server.run()
+    if not server.started:
+        return 3  # uvicorn's status for a start that failed (a port in use, the lifespan's)
     return 0
 
 

@@ -34,6 +34,7 @@ from app.routes import batches, chat, files, health, jobs, layout_parsing, model
 from app.scheduling import Scheduler
 from app.settings import Settings
 from app.state import Gateway, State
+from app.stopping import Stop
 from app.store import open_idempotency, open_results
 from app.upstream import Upstream
 from app.usage.meter import metering
@@ -150,8 +151,11 @@ def relay_for(
     )
 
 
-async def open_gateway(settings: Settings, metrics: Metrics, stack: AsyncExitStack) -> Gateway:
-    """Open every long-lived object, each closed by `stack` in the reverse order of opening."""
+async def open_gateway(
+    settings: Settings, metrics: Metrics, stack: AsyncExitStack, stop: Stop | None = None
+) -> Gateway:
+    """Open every long-lived object, each closed by `stack` in the reverse order of opening
+    (`stop`: the server's stop as it begins, before requests drain)."""
     keyring = keyring_for(settings)
     quotas = Quotas.from_settings(settings, keyring, metrics)
     await quotas.start()
@@ -183,7 +187,7 @@ async def open_gateway(settings: Settings, metrics: Metrics, stack: AsyncExitSta
     stack.push_async_callback(idempotency.close)
     runner = await open_jobs(
         settings, metrics=metrics, scheduler=scheduler, relay=relay, documents=documents,
-        stack=stack, meter=meter, layouts=layouts, results=results,
+        stack=stack, meter=meter, layouts=layouts, results=results, stop=stop,
     )  # fmt: skip
     images = ChatImages(settings, documents)
     chats = Chats(settings, pool, relay, media, images)
@@ -212,15 +216,15 @@ async def open_gateway(settings: Settings, metrics: Metrics, stack: AsyncExitSta
     )
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """Build the gateway for `settings`."""
+def create_app(settings: Settings, stop: Stop | None = None) -> FastAPI:
+    """Build the gateway for `settings` (`stop`: set by the server as it begins to stop)."""
     logs.configure(settings.log_level)
     metrics = Metrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[State]:
         async with AsyncExitStack() as stack:
-            yield State(gateway=await open_gateway(settings, metrics, stack))
+            yield State(gateway=await open_gateway(settings, metrics, stack, stop))
 
     app = FastAPI(
         title="PaddleOCR-VL gateway",

@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# `make serve`: vLLM, the layout service and the gateway together, without Docker. Ctrl-C or
-# SIGTERM stops all it started, at any point, the engines' start included: each process runs in
-# a process group of its own (setsid), sent SIGTERM by that group's id, then SIGKILL after
-# STOP_GRACE_S (default 10) seconds; then an MPS daemon it started is sent `quit`. The same
-# happens when it exits for any other reason it can catch (a process that died, a failed check).
+# `make serve`: vLLM, the layout service and the gateway together, without Docker, supervised as
+# compose supervises them. Once all are up, a part that exits (an engine, the layout service, the
+# gateway) is started again, its line on the terminal saying so, after a back-off that doubles
+# from 1 s to 30 s while it keeps failing (a part that ran a minute or more starts over at 1 s);
+# the others keep serving meanwhile (the gateway degrades as documented: docs/operations.md). A
+# part that fails before all are up ends the start (exit 1): a wrong model or flag is no loop.
 #
-# What SIGKILL leaves (nothing can be caught then): the engines, the layout service and the
-# gateway keep running in their own groups (stop them by the PIDs serve.sh printed at start:
-# `kill -TERM -- -PID`), and an MPS daemon it started keeps running with its pipe directory.
-# The next start deals with the daemon: the directory it starts one in holds make-serve.pid
-# (the starter's PID); a daemon that answers there while that PID is gone is taken over (used,
-# then sent `quit` at this run's end); a directory holding make-serve.pid whose daemon no longer
-# answers is removed and a daemon started afresh. A daemon without that file is someone else's:
-# used and left running. The busy-port check below refuses to start beside leftover processes.
+# Ctrl-C or SIGTERM stops all it started, at any point, the engines' start included: each process
+# runs in a process group of its own (setsid), sent SIGTERM by that group's id, then SIGKILL after
+# STOP_GRACE_S (default 10) seconds; then an MPS daemon it started is sent `quit`. The same
+# happens when it exits for any other reason it can catch (a failed check).
+#
+# What SIGKILL leaves: no part. Each is tied to serve.sh (setpriv --pdeathsig, util-linux): it
+# gets SIGTERM the moment serve.sh is gone, and stops as on Ctrl-C (the gateway's preprocessing
+# workers follow the gateway). Under make, serve.sh is tied to make the same way, so SIGKILL to
+# make ends serve.sh by SIGTERM and it stops everything as usual. Where setpriv is missing
+# (or lacks --pdeathsig) the parts keep running in their own groups: stop them by the PIDs
+# serve.sh printed (`kill -TERM -- -PID`). An MPS daemon it started keeps running with its pipe
+# directory after a SIGKILL; the next start deals with it: the directory it starts one in holds
+# make-serve.pid (the starter's PID); a daemon that answers there while that PID is gone is
+# taken over (used, then sent `quit` at this run's end); a directory holding make-serve.pid
+# whose daemon no longer answers is removed and a daemon started afresh. A daemon without that
+# file is someone else's: used and left running. The busy-port check below refuses to start
+# beside leftover processes.
 #
 #   MODEL=tiny            build and serve the tiny random-weight checkpoint (offline, CPU), and
 #                         the tiny layout checkpoint beside it
@@ -62,6 +72,18 @@
 # `python3 -m app.cli` where there is no venv (a GPU host with the gateway's packages beside
 # vLLM's).
 set -euo pipefail
+tie=()  # the prefix that ties a process to its parent: SIGTERM when that parent is gone
+if command -v setpriv >/dev/null && setpriv --help 2>&1 | grep -q -- --pdeathsig; then
+  tie=(setpriv --pdeathsig TERM --)
+fi
+# Under make (which sets MAKE_SERVE_TIE=1), serve.sh itself is tied to make; run by hand (or
+# under nohup) it is not, and outlives the shell that started it.
+if [ "${MAKE_SERVE_TIE:-}" = 1 ] && [ ${#tie[@]} -gt 0 ]; then
+  MAKE_SERVE_TIE=$PPID exec "${tie[@]}" "$BASH" "$0" "$@"
+elif [[ "${MAKE_SERVE_TIE:-}" =~ ^[0-9]+$ ]] && [ "$PPID" != "$MAKE_SERVE_TIE" ]; then
+  echo "make serve: make ended before serve.sh was tied to it; nothing started" >&2
+  exit 1
+fi
 cd "$(dirname "$0")/.."
 venv=${VENV:-.venv}
 model=${MODEL:-PaddlePaddle/PaddleOCR-VL-1.5}
@@ -206,10 +228,11 @@ for busy in "${listeners[@]}"; do
   fi
 done
 
-pids=()  # each the PID and process-group id of one process serve.sh started (spawn)
-spawn() {  # COMMAND...: in the background, in a process group of its own (its children too)
+declare -A pid_of=()  # each part's name -> the PID and process-group id of its process now
+spawn() {  # COMMAND...: in the background, in a process group of its own (its children too),
+  # tied to serve.sh (SIGTERM when it is gone)
   if command -v setsid >/dev/null; then
-    setsid "$@" &
+    setsid "${tie[@]}" "$@" &
     # the PID is its group's id once the child has called setsid: wait for that (a few ms), so
     # a PID printed at start is always a group to signal (`kill -TERM -- -PID`)
     local _
@@ -220,14 +243,14 @@ spawn() {  # COMMAND...: in the background, in a process group of its own (its c
 }
 alive() {  # does any process of any group serve.sh started still run?
   local pid
-  for pid in "${pids[@]}"; do
+  for pid in "${pid_of[@]}"; do
     kill -0 -- "-$pid" 2>/dev/null || kill -0 "$pid" 2>/dev/null && return 0
   done
   return 1
 }
 signal_all() {  # SIGNAL: to every group serve.sh started (to the process where setsid was not)
   local pid
-  for pid in "${pids[@]}"; do
+  for pid in "${pid_of[@]}"; do
     kill "-$1" -- "-$pid" 2>/dev/null || kill "-$1" "$pid" 2>/dev/null || true
   done
 }
@@ -243,8 +266,10 @@ stop_mps() {  # `quit` to the daemon this run started or took over
   rm -f -- "$mps_owner"
   echo "make serve: MPS daemon stopped" >&2
 }
+backoff=""  # the back-off's sleep, while a part waits to start again
 stop() {
   trap - INT TERM EXIT
+  [ -z "$backoff" ] || kill "$backoff" 2>/dev/null || true
   signal_all TERM
   local deadline=$((SECONDS + stop_grace))
   while alive && ((SECONDS < deadline)); do sleep 0.2; done
@@ -259,8 +284,8 @@ stop() {
   while alive && ((SECONDS < deadline)); do sleep 0.1; done
   stop_mps
 }
-# Ctrl-C or SIGTERM is the way to stop: everything stopped, exit 0. Any other end (a process
-# that died on its own, a failed check) stops the rest and keeps its failing status.
+# Ctrl-C or SIGTERM is the way to stop: everything stopped, exit 0. Any other end (a part that
+# failed to start, a failed check) stops the rest and keeps its failing status.
 trap 'stop; echo "make serve: stopped" >&2; exit 0' INT TERM
 trap stop EXIT
 
@@ -299,13 +324,32 @@ echo "make serve: MPS $([ "$mps" = 1 ] && echo on || echo off)${mps_started:+ (d
 # the terminal: one stream a person can read.
 log_dir=${ENGINE_LOG_DIR-logs}
 [ "$log_dir" = - ] || [ -n "$dry" ] || mkdir -p "$log_dir"
-to_log() {  # NAME COMMAND...: run COMMAND in the background, its output into $log_dir/NAME.log
+to_log() {  # NAME COMMAND...: run COMMAND in the background, its output added to $log_dir/NAME.log
   local name=$1; shift
   if [ "$log_dir" = - ]; then spawn "$@"
-  else
-    echo "make serve: $name's output: $log_dir/$name.log" >&2
-    spawn "$@" >"$log_dir/$name.log" 2>&1
+  else spawn "$@" >>"$log_dir/$name.log" 2>&1
   fi
+}
+declare -A command_of=() started_at=() restarts=()  # each part's command line (%q), its start
+part() {  # NAME COMMAND...: the part NAME runs COMMAND (its output: $log_dir/NAME.log, a fresh one)
+  local name=$1; shift
+  printf -v "command_of[$name]" '%q ' "$@"
+  if [ "$log_dir" != - ] && [ "$name" != gateway ]; then
+    : >"$log_dir/$name.log"
+    echo "make serve: $name's output: $log_dir/$name.log" >&2
+  fi
+}
+launch() {  # NAME: start the part NAME (the gateway's output is the terminal's); its PID: pid_of
+  local name=$1
+  local -a command
+  eval "command=(${command_of[$name]})"
+  case $name in
+    gateway) spawn "${command[@]}" ;;
+    vllm-*) VLLM_API_KEY="$backend_key" to_log "$name" "${command[@]}" ;;  # not in `ps` output
+    *) to_log "$name" "${command[@]}" ;;
+  esac
+  pid_of[$name]=$!
+  started_at[$name]=$SECONDS
 }
 
 probe() {  # is $1 answering 200?
@@ -314,10 +358,9 @@ probe() {  # is $1 answering 200?
   fi
 }
 
-engine_pids=()
 healthy() {  # wait for engine $1's /health while its process lives
   until probe "http://127.0.0.1:$((vllm_port + $1))/health"; do
-    kill -0 "${engine_pids[$1]}" 2>/dev/null || {
+    kill -0 "${pid_of[vllm-$((vllm_port + $1))]}" 2>/dev/null || {
       echo "make serve: vLLM engine $1 exited" >&2; exit 1; }
     sleep 1
   done
@@ -329,9 +372,9 @@ layout_pid=""
 if [ "$layout" = on ]; then
   echo "make serve: layout service: ${layout_command[*]}" >&2
   if [ -z "$dry" ]; then
-    to_log "layout-$layout_port" "${layout_command[@]}"
+    part "layout-$layout_port" "${layout_command[@]}"
+    launch "layout-$layout_port"
     layout_pid=$!
-    pids+=("$layout_pid")
     echo "make serve: layout-$layout_port pid $layout_pid" >&2
   fi
 fi
@@ -351,9 +394,8 @@ for ((i = 0; i < engines; i++)); do
            --served-model-name "$served" "${share[@]}")
   echo "make serve: engine $i: ${command[*]}" >&2
   [ -n "$dry" ] && continue
-  VLLM_API_KEY="$backend_key" to_log "vllm-$engine_port" "${command[@]}"
-  engine_pids+=($!)
-  pids+=($!)
+  part "vllm-$engine_port" "${command[@]}"
+  launch "vllm-$engine_port"
   echo "make serve: vllm-$engine_port pid $!" >&2
   [ -n "${TOGETHER:-}" ] || healthy "$i"
 done
@@ -365,10 +407,30 @@ fi
 echo "make serve: gateway: OCRVL_BACKENDS=$OCRVL_BACKENDS" \
   "OCRVL_LAYOUT_URL=${OCRVL_LAYOUT_URL:-} ${ocrvl[*]} serve --port $port" >&2
 [ -n "$dry" ] && exit 0
-spawn "${ocrvl[@]}" serve --port "$port"
-pids+=($!)
+part gateway "${ocrvl[@]}" serve --port "$port"
+launch gateway
+echo "make serve: gateway pid $!" >&2
 echo "make serve: gateway on http://${OCRVL_HOST:-127.0.0.1}:$port (Ctrl-C stops everything)" >&2
-status=0
-wait -n "${pids[@]}" || status=$?  # any one ending ends all (Ctrl-C: the trap, exit 0)
-echo "make serve: a process ended on its own (status $status); stopping the rest" >&2
-exit "$status"
+
+# Supervision: a part that exits is started again after its back-off; the others go on.
+while true; do
+  ended=""
+  status=0
+  wait -n -p ended "${pid_of[@]}" || status=$?
+  [ -n "$ended" ] || continue  # (a signal's trap ends the script; this is not reached then)
+  for name in "${!pid_of[@]}"; do [ "${pid_of[$name]}" != "$ended" ] || break; done
+  ran=$((SECONDS - ${started_at[$name]}))
+  count=${restarts[$name]:-0}
+  if ((ran >= 60)); then count=0; fi  # it served a while: the back-off starts over
+  delay=$((1 << (count < 5 ? count : 5)))
+  if ((delay > 30)); then delay=30; fi
+  restarts[$name]=$((count + 1))
+  echo "make serve: $name (pid $ended) exited with status $status after ${ran} s; starting it" \
+    "again in ${delay} s" >&2
+  sleep "$delay" &
+  backoff=$!
+  wait "$backoff" || true
+  backoff=""
+  launch "$name"
+  echo "make serve: $name restarted, pid ${pid_of[$name]} (restart ${restarts[$name]})" >&2
+done

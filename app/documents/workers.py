@@ -1,7 +1,14 @@
 """The process pool that rasterises, resizes and encodes pages (OCRVL_PREPROCESS_WORKERS).
 
 Image work is CPU-bound and holds the GIL, so it runs in other processes: the event loop only
-waits for results. The lifespan creates the pool and shuts it down.
+waits for results. The lifespan creates the pool and shuts it down, after the requests in flight
+have drained: each worker runs in a session of its own, so a SIGTERM or Ctrl-C sent to the
+gateway's process group (a service manager, `make serve`, a terminal) reaches the gateway alone,
+never the workers its draining requests still need.
+
+A worker that dies all the same (killed, the OOM killer, a decoder crash) breaks the pool: every
+task it held fails. Those tasks are tried again on a fresh pool; a page whose worker dies on
+each of its ATTEMPTS is the page's own doing (a malformed file), and only that is reported.
 
 A gateway killed outright (`kill -9`, the OOM killer) runs no shutdown: each worker watches its
 parent itself (a pidfd, readable once that process has exited) and exits with it. A worker
@@ -30,11 +37,14 @@ from app.documents.selection import PageSelection
 log = logging.getLogger("ocrvl.documents")
 WORKER_NICENESS = 10
 PARENT_POLL = 1.0  # seconds between looks at the parent where there is no pidfd
+ATTEMPTS = 3  # tries of a task whose worker dies before it is reported as the file's fault
 
 
 def worker_started(parent: int) -> None:
-    """A worker's start: behind the event loop (and a co-located engine) for the CPU, and gone
+    """A worker's start: out of the gateway's process group (its stop signals are the
+    gateway's to act on), behind the event loop (and a co-located engine) for the CPU, and gone
     as soon as the gateway `parent` is."""
+    os.setsid()
     os.nice(WORKER_NICENESS)
     watch = threading.Thread(target=_exit_with, args=(parent,), name="parent-watch", daemon=True)
     watch.start()
@@ -85,22 +95,26 @@ class Preprocessor:
         return page
 
     async def run(self, function: Any, *args: Any) -> Any:
-        """`function(*args)` in a worker; DocumentError (preprocess_failed) if the worker dies."""
-        pool = self._pool
-        try:
-            return await asyncio.get_running_loop().run_in_executor(pool, function, *args)
-        except BrokenProcessPool:
-            # a worker died (a malformed file crashing a decoder, or the OOM killer): every
-            # task of that pool fails; later requests get a fresh pool
-            if self._pool is pool:
-                log.error("a preprocessing worker died; starting a new pool")  # noqa: TRY400
-                self._pool = self._new_pool()
-                pool.shutdown(wait=False, cancel_futures=True)
-            raise DocumentError(
-                "the page could not be read: the worker processing it stopped (the file may be "
-                "malformed, or the server is short of memory)",
-                "preprocess_failed",
-            ) from None
+        """`function(*args)` in a worker, tried again on a fresh pool if its worker dies;
+        DocumentError (preprocess_failed) once it died on every attempt."""
+        for _ in range(ATTEMPTS):
+            pool = self._pool
+            try:
+                return await asyncio.get_running_loop().run_in_executor(pool, function, *args)
+            except BrokenProcessPool:
+                self._replace(pool)
+        raise DocumentError(
+            f"the page could not be read: the worker processing it stopped on each of "
+            f"{ATTEMPTS} tries (the file may be malformed, or the server is short of memory)",
+            "preprocess_failed",
+        )
+
+    def _replace(self, broken: ProcessPoolExecutor) -> None:
+        """A fresh pool in place of `broken` (once, however many of its tasks failed)."""
+        if self._pool is broken:
+            log.error("a preprocessing worker died; its tasks are tried again on a new pool")
+            self._pool = self._new_pool()
+            broken.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         """Stop the workers; pending pages are cancelled."""

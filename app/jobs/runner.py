@@ -6,6 +6,11 @@ pages upstream so vLLM aborts them), then claims more while it runs fewer than
 OCRVL_JOB_CONCURRENCY. A gateway that dies stops renewing: another one (SQLite: the next on the
 same data dir, at once; Redis: any replica, once the lease runs out) claims the job and reads
 only the pages not kept yet. Once a minute it sweeps out what has outlived OCRVL_JOB_TTL.
+
+A gateway told to stop (SIGTERM, Ctrl-C: app/stopping.py) hands its jobs back as the stop
+begins, not once its requests have drained: it claims no more, cancels its pages in flight
+(never kept as failed) and gives up its leases, so the next gateway on the data dir (or another
+replica) reads those pages again at once.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from app.metrics import Metrics
 from app.proxy import Relay
 from app.scheduling import Scheduler
 from app.settings import Settings
+from app.stopping import Stop
 from app.store import ENDED, Job, Store, open_store
 from app.store.base import EXPIRED, FAILED, RUNNING, SUCCEEDED, StoreUnavailable
 from app.store.results import ResultsCache
@@ -78,29 +84,48 @@ class Runner:
         self._deliveries: set[asyncio.Task[bool]] = set()
         self._settling: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
         self._swept = 0.0
 
-    async def start(self) -> None:
-        """Start claiming (a restarted gateway resumes the jobs it finds)."""
+    async def start(self, stop: Stop | None = None) -> None:
+        """Start claiming (a restarted gateway resumes the jobs it finds), until `stop` begins."""
         self._loop = asyncio.create_task(self._forever())
+        if stop is not None:
+            self._watch = asyncio.create_task(self._hand_back_on(stop))
 
-    async def close(self) -> None:
-        """Stop: the jobs' leases are given up, so another gateway resumes them at once."""
+    async def hand_back(self) -> None:
+        """Claim no more, and give the running jobs back: their pages in flight are cancelled
+        (read again by whoever claims the job next), their leases given up."""
         held = list(self._running)
-        tasks = [t for t in (self._loop, *self._running.values(), *self._deliveries) if t]
+        tasks = [t for t in (self._loop, *self._running.values()) if t]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for job_id in held:
+            with contextlib.suppress(Exception):
+                await self.store.release(job_id, self.holder)
+        if held:
+            log.info("stopping: %d job(s) handed back, their pages in flight to be read again",
+                     len(held))  # fmt: skip
+
+    async def close(self) -> None:
+        """Stop: the jobs' leases are given up, so another gateway resumes them at once."""
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+        await self.hand_back()
         # an ended job's clean-up runs to its end (its document dropped, its pages given back);
-        # a callback it started now goes the way of the others
+        # a callback it started goes the way of the others
         await asyncio.gather(*self._settling, return_exceptions=True)
         late = list(self._deliveries)
         for task in late:
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
-        for job_id in held:
-            with contextlib.suppress(Exception):
-                await self.store.release(job_id, self.holder)
+
+    async def _hand_back_on(self, stop: Stop) -> None:
+        """Hand the jobs back as soon as the server's stop begins."""
+        await stop.wait()
+        await self.hand_back()
 
     def cancel(self, job_id: str) -> None:
         """Stop running `job_id` here now (its in-flight pages are aborted upstream)."""
@@ -269,8 +294,10 @@ async def open_jobs(
     meter: Meter | None = None,
     layouts: LayoutService | None = None,
     results: ResultsCache | None = None,
+    stop: Stop | None = None,
 ) -> Runner:
-    """The job store (SQLite or Redis) opened and the runner started, both closed by `stack`."""
+    """The job store (SQLite or Redis) opened and the runner started, both closed by `stack`;
+    the runner hands its jobs back as soon as `stop` begins."""
     store = open_store(settings)
     await store.open()
     stack.push_async_callback(store.close)
@@ -282,7 +309,7 @@ async def open_jobs(
         store, relay=relay, preprocessor=documents, settings=settings, events=events,
         webhooks=webhooks, meter=meter, layouts=layouts, results=results,
     )  # fmt: skip
-    await runner.start()
+    await runner.start(stop)
     stack.push_async_callback(runner.close)
     log.info("jobs are kept in %s; this gateway runs them as %s", store.where, runner.holder)
     return runner

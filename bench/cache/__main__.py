@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.jobs.memory import stack
+from bench.cache.stack import stack
 from bench.overhead import CLIENT_KEY, ROOT
 from bench.overhead.report import machine
 from tests.support.documents import pages as text_pages

@@ -1,5 +1,5 @@
-"""The preprocessing pool: its size, surviving a worker that dies, and workers that do not
-outlive a gateway killed outright."""
+"""The preprocessing pool: its size, surviving a worker that dies (its tasks tried again), workers
+out of the gateway's process group, and workers that do not outlive a gateway killed outright."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from app.documents.errors import DocumentError
-from app.documents.workers import Preprocessor
+from app.documents.workers import ATTEMPTS, Preprocessor
 from app.settings import Settings
 from tests.conftest import BACKEND_KEY, CLIENT_KEY, VENV_BIN, settings_for, wait_until_up
 from tests.support.documents import pdf
@@ -41,15 +41,49 @@ def test_workers_can_be_set(monkeypatch: pytest.MonkeyPatch) -> None:
         Settings()
 
 
-async def test_a_dead_worker_fails_its_page_and_the_pool_recovers() -> None:
-    """A worker killed mid-task (a decoder crash, the OOM killer) fails that task with a 400
-    saying so; the next task runs in a fresh pool."""
+def die_once(marker: str, value: int) -> int:
+    """`value`, from a worker that a SIGTERM ends the first time (`marker` not there yet): a
+    worker killed under its task, as a stop signal to the gateway's group used to."""
+    if not Path(marker).exists():
+        Path(marker).touch()
+        os.kill(os.getpid(), signal.SIGTERM)
+    return value
+
+
+async def test_a_task_whose_worker_dies_is_tried_again_on_a_fresh_pool(tmp_path: Path) -> None:
+    """A worker killed under its task breaks the pool: the task runs again on a fresh pool and
+    answers (before: a 400 preprocess_failed, "the file may be malformed", on a good file)."""
+    pool = Preprocessor(1)
+    try:
+        assert await pool.run(die_once, str(tmp_path / "died"), 42) == 42
+        assert (tmp_path / "died").exists()
+    finally:
+        pool.close()
+
+
+async def test_a_task_that_kills_its_worker_every_time_fails_as_preprocess_failed() -> None:
+    """A task whose worker dies on each of its tries (a file that crashes the decoder) is a
+    400 preprocess_failed saying so; the next task runs in a fresh pool."""
     pool = Preprocessor(1)
     try:
         with pytest.raises(DocumentError) as caught:
             await pool.run(os._exit, 1)
         assert caught.value.code == "preprocess_failed"
+        assert f"on each of {ATTEMPTS} tries" in str(caught.value)
         assert await pool.run(int, "42") == 42
+    finally:
+        pool.close()
+
+
+async def test_workers_are_out_of_the_gateway_s_process_group() -> None:
+    """Each worker leads a session of its own: a SIGTERM or Ctrl-C sent to the gateway's
+    process group (a service manager, make serve, a terminal) never reaches it while the
+    gateway drains."""
+    pool = Preprocessor(1)
+    try:
+        worker = await pool.run(os.getpid)
+        assert await pool.run(os.getsid, 0) == worker
+        assert await pool.run(os.getpgid, 0) != os.getpgrp()
     finally:
         pool.close()
 
