@@ -10,6 +10,7 @@ job         what to read (OcrJob) and each page's answer (PageResult): fanout an
 fanout      pages to the backends through the same relay as chat, bounded per request
 otsl        the table model's OTSL tokens as an HTML table
 output      the answer: JSON, an NDJSON stream, or markdown
+page_markdown  one page's markdown, as the server and `ocrvl ocr` both write it
 errors      DocumentError, the one error the workers raise (a 400 on `file` or `pages`)
 
 The layout pipeline (a page read block by block, as PaddleX's PaddleOCR-VL pipeline reads it):
