@@ -23,13 +23,23 @@ async def health(request: Request) -> dict[str, Any]:
 
 @router.get("/ready")
 async def ready(gateway: GatewayDep) -> dict[str, Any]:
-    """200 while at least one backend answered its last health probe, else 503."""
+    """200 while at least one backend answered its last health probe (and, with
+    OCRVL_READY_REQUIRES_LAYOUT, a layout service its), else 503; `layout` says how the layout
+    service is either way (`off`: none configured)."""
     healthy = gateway.pool.healthy()
     if not healthy:
         raise gateway.pool.unavailable("no backend is healthy")
+    layouts = gateway.layouts
+    layout = {"status": "off"} if layouts is None else layouts.readiness()
+    if layouts is not None and gateway.settings.ready_requires_layout and not layouts.ready():
+        raise layouts.unavailable(
+            f"no layout service is ready ({layouts.problems()}) and OCRVL_READY_REQUIRES_LAYOUT "
+            "is on"
+        )
     return {
         "status": "ready",
         "backends": [backend.url for backend in healthy],
+        "layout": layout,
         "limits": {"storage": gateway.quotas.storage()},  # a Redis outage is not a 503
     }
 
