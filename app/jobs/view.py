@@ -67,6 +67,7 @@ def page_results(bodies: list[bytes]) -> list[PageResult]:
                 markdown=shown.get("markdown"),
                 blocks=shown.get("blocks"),
                 images=shown.get("images"),
+                empty=shown.get("empty"),
             )
         )
     return pages
