@@ -18,7 +18,7 @@ from app.auth import Keyring
 from app.backends import BackendPool
 from app.batches.requests import Chats
 from app.batches.runner import open_batches
-from app.context import RequestContextMiddleware
+from app.context import Activity, RequestContextMiddleware
 from app.discovery import Discovery
 from app.documents.layouts import open_layouts
 from app.documents.workers import Preprocessor
@@ -148,8 +148,11 @@ def relay_for(
     )
 
 
-async def open_gateway(settings: Settings, metrics: Metrics, stack: AsyncExitStack) -> Gateway:
-    """Open every long-lived object, each closed by `stack` in the reverse order of opening."""
+async def open_gateway(
+    settings: Settings, metrics: Metrics, stack: AsyncExitStack, activity: Activity | None = None
+) -> Gateway:
+    """Open every long-lived object, each closed by `stack` in the reverse order of opening;
+    `activity`: the requests in the gateway (RequestContextMiddleware's), for the trim."""
     keyring = keyring_for(settings)
     quotas = Quotas.from_settings(settings, keyring, metrics)
     await quotas.start()
@@ -162,7 +165,8 @@ async def open_gateway(settings: Settings, metrics: Metrics, stack: AsyncExitSta
     pool = await backend_pool(settings, client, auth_header)
     scheduler = watched_scheduler(settings, metrics, pool, stack)
     background(stack, pool.watch())
-    background(stack, trim_when_idle(scheduler.busy))
+    seen = activity or Activity()  # a refused body never reaches the scheduler
+    background(stack, trim_when_idle(lambda since: scheduler.busy(since) or seen.busy(since)))
     every, timeout = settings.metrics_interval, settings.connect_timeout
     background(stack, scheduler.watch(client, auth_header, every, timeout))
     relay = relay_for(settings, pool, scheduler, backend_key, stack, metering=meter is not None)
@@ -204,11 +208,12 @@ def create_app(settings: Settings) -> FastAPI:
     """Build the gateway for `settings`."""
     logs.configure(settings.log_level)
     metrics = Metrics()
+    activity = Activity()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[State]:
         async with AsyncExitStack() as stack:
-            yield State(gateway=await open_gateway(settings, metrics, stack))
+            yield State(gateway=await open_gateway(settings, metrics, stack, activity))
 
     app = FastAPI(
         title="PaddleOCR-VL gateway",
@@ -227,5 +232,5 @@ def create_app(settings: Settings) -> FastAPI:
     # also the quotas' release; the route labels come from the routes these routers declare
     # (FastAPI 0.165 nests included routers in app.routes): app/context.py
     routes = [*app.routes, *(route for router in routers for route in router.routes)]
-    app.add_middleware(RequestContextMiddleware, metrics=metrics, routes=routes)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics, routes=routes, activity=activity)
     return app
