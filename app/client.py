@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from app.documents.page_markdown import page_markdown
 from app.jobs.commands import Refused, follow, refused
 from app.progress import Progress
 
@@ -68,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
     """Read every file; the worst outcome decides the exit status."""
     import httpx  # noqa: PLC0415 (lazy: `ocrvl --help` stays instant)
 
+    if (folder := _missing_folder(args)) is not None:
+        print(f"ocrvl ocr: --out {args.out}: the folder {folder} does not exist; create it "
+              "or name another", file=sys.stderr)  # fmt: skip
+        return 2
     status = 0
     headers = {"accept": "application/x-ndjson"}
     if args.key:
@@ -81,6 +86,15 @@ def run(args: argparse.Namespace) -> int:
                 print(f"ocrvl ocr: {file}: {exc}", file=sys.stderr)
                 status = 2
     return status
+
+
+def _missing_folder(args: argparse.Namespace) -> Path | None:
+    """The folder a one-file `--out` would be written in, when it does not exist (several
+    files: `--out` is a folder, made when missing)."""
+    out: Path | None = args.out
+    if out is None or len(args.files) > 1 or out.parent.is_dir():
+        return None
+    return out.parent
 
 
 class RequestFailed(Exception):
@@ -211,11 +225,7 @@ class Writer:
 
     def _flush_markdown(self) -> None:
         while self._written < len(self._order) and self._order[self._written] in self._pages:
-            page = self._pages[self._order[self._written]]
-            if "error" in page:
-                text = f"<!-- page {page['index']} failed: {page['error']['message']} -->"
-            else:
-                text = page.get("markdown") or page.get("html") or page.get("text") or ""
+            text = page_markdown(self._pages[self._order[self._written]])
             self._stream.write(("\n\n" if self._written else "") + text)
             self._written += 1
             if self._written == len(self._order):

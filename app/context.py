@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 import uuid
@@ -132,15 +133,36 @@ def _template(path: str) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
+class Activity:
+    """Requests in the gateway now, and when one last ended (the allocator's trim asks it:
+    a burst of bodies refused at their limit never reaches a backend, yet leaves the heap
+    full)."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.last_done = -math.inf  # time.monotonic()
+
+    def busy(self, since: float) -> bool:
+        """Whether a request is in the gateway now, or one ended after `since`."""
+        return self.in_flight > 0 or self.last_done > since
+
+
 class RequestContextMiddleware:
     """Gives each request a context and an `X-Request-ID`, adds the headers the context asks
     for, runs its `release` as the last byte goes out (or once an error was answered, or the
     client left), then logs and measures it. (One layer for all of it: each layer costs
     every request a call and every relayed chunk a wrapped send.)"""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, routes: Iterable[object]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: Metrics,
+        routes: Iterable[object],
+        activity: Activity | None = None,
+    ) -> None:
         self.app = app
         self.metrics = metrics
+        self.activity = activity or Activity()
         self.label = RouteLabels(routes)  # built at the first request: every route is in
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -173,6 +195,7 @@ class RequestContextMiddleware:
         quiet = scope["path"] in QUIET_ROUTES
         if not quiet:
             self.metrics.in_flight.inc()
+            self.activity.in_flight += 1
         try:
             await self.app(scope, receive, send_with_id)
         finally:
@@ -181,6 +204,8 @@ class RequestContextMiddleware:
             finally:
                 if not quiet:
                     self.metrics.in_flight.dec()
+                    self.activity.in_flight -= 1
+                    self.activity.last_done = time.monotonic()
                     self._record(self.label(scope), context)
 
     def _record(self, route: str, context: RequestContext) -> None:

@@ -139,6 +139,12 @@ class PayloadTooLarge(GatewayError):
     type = "invalid_request_error"
     code = "request_too_large"
 
+    def headers(self) -> dict[str, str]:
+        """`Connection: close`: the body was refused part-read, and uvicorn would otherwise go
+        on reading (and dropping) the rest of it to keep the connection for the next request;
+        closed, the client learns at once and sends no more."""
+        return {"connection": "close"}
+
 
 class RateLimited(GatewayError):
     """The key is over its requests per minute or its concurrent requests (docs/limits.md)."""

@@ -18,7 +18,7 @@ from app.auth import Keyring
 from app.backends import BackendPool
 from app.batches.requests import Chats
 from app.batches.runner import open_batches
-from app.context import RequestContextMiddleware
+from app.context import Activity, RequestContextMiddleware
 from app.discovery import Discovery
 from app.documents.cache import sweeping
 from app.documents.layouts import open_layouts
@@ -152,10 +152,15 @@ def relay_for(
 
 
 async def open_gateway(
-    settings: Settings, metrics: Metrics, stack: AsyncExitStack, stop: Stop | None = None
+    settings: Settings,
+    metrics: Metrics,
+    stack: AsyncExitStack,
+    stop: Stop | None = None,
+    activity: Activity | None = None,
 ) -> Gateway:
     """Open every long-lived object, each closed by `stack` in the reverse order of opening
-    (`stop`: the server's stop as it begins, before requests drain)."""
+    (`stop`: the server's stop as it begins, before requests drain; `activity`: the requests in
+    the gateway, RequestContextMiddleware's, for the trim)."""
     keyring = keyring_for(settings)
     quotas = Quotas.from_settings(settings, keyring, metrics)
     await quotas.start()
@@ -168,7 +173,8 @@ async def open_gateway(
     pool = await backend_pool(settings, client, auth_header)
     scheduler = watched_scheduler(settings, metrics, pool, stack)
     background(stack, pool.watch())
-    background(stack, trim_when_idle(scheduler.busy))
+    seen = activity or Activity()  # a refused body never reaches the scheduler
+    background(stack, trim_when_idle(lambda since: scheduler.busy(since) or seen.busy(since)))
     every, timeout = settings.metrics_interval, settings.connect_timeout
     background(stack, scheduler.watch(client, auth_header, every, timeout))
     relay = relay_for(settings, pool, scheduler, backend_key, stack, metering=meter is not None)
@@ -220,11 +226,12 @@ def create_app(settings: Settings, stop: Stop | None = None) -> FastAPI:
     """Build the gateway for `settings` (`stop`: set by the server as it begins to stop)."""
     logs.configure(settings.log_level)
     metrics = Metrics()
+    activity = Activity()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[State]:
         async with AsyncExitStack() as stack:
-            yield State(gateway=await open_gateway(settings, metrics, stack, stop))
+            yield State(gateway=await open_gateway(settings, metrics, stack, stop, activity))
 
     app = FastAPI(
         title="PaddleOCR-VL gateway",
@@ -243,5 +250,5 @@ def create_app(settings: Settings, stop: Stop | None = None) -> FastAPI:
     # also the quotas' release; the route labels come from the routes these routers declare
     # (FastAPI 0.165 nests included routers in app.routes): app/context.py
     routes = [*app.routes, *(route for router in routers for route in router.routes)]
-    app.add_middleware(RequestContextMiddleware, metrics=metrics, routes=routes)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics, routes=routes, activity=activity)
     return app

@@ -75,7 +75,9 @@ class ChatBody(BaseModel):
 
 
 class OcrFields(BaseModel):
-    """/v1/ocr's options (form fields, or JSON beside `file`)."""
+    """/v1/ocr's options (form fields, or JSON beside `file`); with the layout options
+    (docs/ocr.md) these are all it takes (app/documents/upload.py's FIELDS): another field is
+    400 `unknown_parameter`."""
 
     model_config = Open
     task: str = Field(default="ocr", json_schema_extra={"enum": [*PROMPTS]})

@@ -173,6 +173,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds a page may wait for the layout service's answer before a 503.",
     )
+    ready_requires_layout: bool = Field(
+        default=False,
+        description="true: /ready is 503 while no layout service (OCRVL_LAYOUT_URL) answered "
+        "its last probe; false: /ready reports the layout service's state and stays 200 "
+        "(chat, layout=off and layout=auto still serve; docs/operations.md).",
+    )
     ocr_min_pixels: int = Field(
         default=112_896, gt=0, description="PaddleOCR-VL's min_pixels (144 visual tokens)."
     )

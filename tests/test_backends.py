@@ -20,11 +20,15 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_health_needs_no_key_and_no_backend() -> None:
-    """/health answers 200 with no key even when no backend exists."""
+    """/health answers 200 with no key even when no backend exists, in our shape and PaddleX's
+    (`{"status": "ok", "errorCode": 0, "errorMsg": "Healthy", "logId"}`)."""
     app = create_app(settings_for(f"http://127.0.0.1:{free_port()}"))
     async with lifespan_client(app) as client:
         response = await client.get("/health")
-    assert (response.status_code, response.json()) == (200, {"status": "ok"})
+    body = response.json()
+    assert response.status_code == 200
+    assert body == {"status": "ok", "errorCode": 0, "errorMsg": "Healthy", "logId": body["logId"]}
+    assert response.headers["x-request-id"].replace("-", "") in body["logId"].replace("-", "")
 
 
 async def test_ready_follows_backend_health(fake: FakeVLLM) -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
 import socket
 import time
+from typing import Any
 
 import httpx
+import orjson
 import pytest
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
@@ -91,3 +94,86 @@ def test_a_client_leaving_mid_body_is_a_499_not_a_crash(
     crashes = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert crashes == [], [r.getMessage() for r in crashes]
     assert after.status_code == 200
+
+
+def chunked_over_the_limit(port: int, path: str, content_type: str) -> tuple[bytes, int, bool]:
+    """Send a 64 MB body to `path` in 64 KiB chunks without Content-Length, reading the socket
+    between chunks; stop once an answer comes. (The answer's head and body, the bytes sent by
+    then, whether the server closed the connection after its answer.)"""
+    planned, chunk = 64 * 1024 * 1024, b"A" * 65536
+    sent, answer = 0, b""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        client.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CLIENT_KEY}\r\n"
+            f"Content-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        if content_type.startswith("multipart/"):  # a file part that never ends
+            part = b'--x\r\nContent-Disposition: form-data; name="file"; filename="a.pdf"\r\n\r\n'
+            client.sendall(b"%x\r\n%s\r\n" % (len(part), part))
+        try:
+            while sent < planned:
+                if select.select([client], [], [], 0)[0]:
+                    break  # the answer (or the close) came before the body ended
+                client.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed after its answer: the answer is in our socket's buffer
+        closed = False
+        client.settimeout(10)  # an open connection: the server would go on reading the body
+        try:
+            while data := client.recv(65536):
+                answer += data
+            closed = True
+        except ConnectionResetError:
+            closed = True
+        except TimeoutError:
+            closed = False
+    return answer, sent, closed
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type"),
+    [
+        ("/v1/chat/completions", "application/json"),
+        ("/v1/ocr", "application/json"),
+        ("/v1/ocr", "multipart/form-data; boundary=x"),
+        ("/v1/ocr/jobs", "application/json"),
+        ("/layout-parsing", "application/json"),
+        ("/v1/batches", "application/json"),
+        ("/v1/files", "multipart/form-data; boundary=x"),
+    ],
+)
+def test_a_chunked_body_over_the_limit_is_a_413_before_it_ends_and_the_connection_closes(
+    path: str, content_type: str, fake: FakeVLLM
+) -> None:
+    """A body sent without Content-Length is counted as it arrives: past the route's limit the
+    gateway answers 413 in the route's error shape while the client is still sending (well
+    before the 64 MB end), with `Connection: close`, and closes the connection: it reads no
+    more of the body."""
+    settings = settings_for(
+        fake.url, max_body_bytes=256 * 1024, max_file_bytes=256 * 1024,
+        batch_max_file_bytes=256 * 1024, job_max_file_bytes=256 * 1024,
+    )  # fmt: skip
+    with ThreadedServer(create_app(settings), http="httptools", log_config=None) as server:
+        answer, sent, closed = chunked_over_the_limit(server.port, path, content_type)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 "), answer[:300]
+    assert b"\r\nconnection: close" in head.lower()
+    assert sent < 16 * 1024 * 1024  # the limit, plus what the sockets' buffers took
+    assert closed
+    error = json_body(body)
+    if path == "/layout-parsing":
+        assert error["errorCode"] == 413
+    else:
+        assert error["error"]["code"] == "request_too_large"
+
+
+def json_body(body: bytes) -> dict[str, Any]:
+    """A response body sent whole or in chunks (`Transfer-Encoding: chunked`), as JSON."""
+    if body.startswith(b"{"):
+        return dict(orjson.loads(body))
+    joined, rest = b"", body
+    while rest:
+        size, _, rest = rest.partition(b"\r\n")
+        joined, rest = joined + rest[: int(size, 16)], rest[int(size, 16) + 2 :]
+    return dict(orjson.loads(joined))

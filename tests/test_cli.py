@@ -84,3 +84,15 @@ def test_keys_limit_mistakes_are_refused(
     result = run("keys", *args, "--file", path)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+def test_ocr_out_into_a_missing_folder_is_refused_clearly(tmp_path: Path) -> None:
+    """`ocrvl ocr --out` into a folder that does not exist exits 2 naming the folder, before
+    any request (no raw Errno)."""
+    page = tmp_path / "page.png"
+    page.write_bytes(b"\x89PNG\r\n\x1a\n")
+    missing = tmp_path / "nowhere"
+    result = run("ocr", str(page), "--out", str(missing / "page.md"), "--url", "http://127.0.0.1:9")
+    assert result.returncode == 2
+    assert f"the folder {missing} does not exist" in result.stderr
+    assert "Errno" not in result.stderr

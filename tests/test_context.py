@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import httpx
 import pytest
 
 from app.context import RequestContextMiddleware
 from app.logs import JSONFormatter
+from app.main import create_app
 from app.metrics import Metrics
+from tests.conftest import CLIENT_KEY, settings_for
 from tests.support.fake_backend import SERVED, FakeVLLM
+from tests.support.servers import lifespan_client
 
 pytestmark = pytest.mark.anyio
 BODY = {"model": "PaddleOCR-VL", "messages": [{"role": "user", "content": "OCR:"}]}
@@ -136,3 +140,22 @@ async def test_release_still_runs_when_the_client_leaves_mid_answer() -> None:
     with pytest.raises(OSError, match="went away"):
         await middleware({"type": "http", "path": "/v1/ocr", "headers": []}, receive, server_send)
     assert released == [1]
+
+
+async def test_a_request_refused_at_the_gateway_counts_as_activity_for_the_trim(
+    fake: FakeVLLM,
+) -> None:
+    """The allocator's idle trim asks the middleware's Activity: a body refused at its limit
+    (it never reaches a backend slot) makes the gateway busy while in flight and "busy since"
+    after, so the heap it filled is handed back once idle; /health does not count."""
+    app = create_app(settings_for(fake.url, max_body_bytes=1024))
+    activity = next(m.kwargs["activity"] for m in app.user_middleware if m.kwargs.get("activity"))
+    async with lifespan_client(app, headers={"authorization": f"Bearer {CLIENT_KEY}"}) as client:
+        before = time.monotonic()
+        await client.get("/health")
+        assert not activity.busy(before)
+        refused = await client.post("/v1/chat/completions", content=b"x" * 4096)
+    assert refused.status_code == 413
+    assert activity.busy(before)
+    assert activity.in_flight == 0
+    assert not activity.busy(time.monotonic())

@@ -12,6 +12,7 @@ digests     runs in the worker processes: a page's content hash, for the results
 cache       the results cache as pages consult it: a page's key, its answer kept and read back
 otsl        the table model's OTSL tokens as an HTML table
 output      the answer: JSON, an NDJSON stream, or markdown
+page_markdown  one page's markdown, as the server and `ocrvl ocr` both write it
 errors      DocumentError, the one error the workers raise (a 400 on `file` or `pages`)
 
 The layout pipeline (a page read block by block, as PaddleX's PaddleOCR-VL pipeline reads it):

@@ -14,6 +14,8 @@ from app.documents.layout_options import LayoutOptions
 from app.documents.raster import Source
 from app.errors import GatewayError
 
+NO_BLOCKS = "no_blocks"  # a page's `empty`: the layout found no block on it, nothing was read
+
 # The model's own task prompts (PaddleOCR-VL's model card and PaddleX's pipeline).
 PROMPTS = {
     "ocr": "OCR:",
@@ -58,6 +60,7 @@ class PageResult:
     images: dict[str, str] | None = field(default=None, repr=False)  # markdown path -> data URL
     boxes: list[Box] | None = field(default=None, repr=False)  # with a layout: the service's
     cached: bool = False  # answered from the results cache (app/documents/cache.py)
+    empty: str | None = None  # with a layout, why the page has no text: NO_BLOCKS
 
     def as_dict(self) -> dict[str, Any]:
         """The page as the API shows it (`error` in OpenAI's shape, only when it failed)."""
@@ -67,7 +70,7 @@ class PageResult:
             "finish_reason": self.finish_reason,
             "usage": self.usage,
         }
-        for name in ("image", "html", "markdown", "blocks", "images"):  # only those it has
+        for name in ("image", "html", "markdown", "blocks", "images", "empty"):  # those it has
             if (value := getattr(self, name)) is not None:
                 shown[name] = value
         if self.cached:

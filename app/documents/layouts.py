@@ -69,6 +69,13 @@ class LayoutService:
         """Whether any service answered its last probe."""
         return any(endpoint.healthy for endpoint in self.endpoints)
 
+    def readiness(self) -> dict[str, Any]:
+        """The services' state as `/ready` reports it: `ready` (the URLs in rotation) or
+        `down` (why)."""
+        if self.ready():
+            return {"status": "ready", "services": [e.url for e in self.endpoints if e.healthy]}
+        return {"status": "down", "problem": self.problems()}
+
     def problems(self) -> str:
         """Why the services are not serving (messages, /ready)."""
         return "; ".join(f"{e.url}: {e.problem}" for e in self.endpoints if not e.healthy)

@@ -11,10 +11,10 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.documents.job import PageResult
+from app.documents.page_markdown import page_markdown
 
 NDJSON = "application/x-ndjson"
 MARKDOWN = "text/markdown"
-CUT = "<!-- page {} was cut at max_tokens: its text is incomplete -->"  # markdown's mark
 
 
 def negotiate(accept: str, stream: bool) -> str:
@@ -67,17 +67,9 @@ def document(
 
 
 def markdown(pages: list[PageResult]) -> str:
-    """The pages' text joined in page order; a table as HTML; a failed page, and a page cut by
-    `max_tokens` (after its text), as a comment."""
-    parts = []
-    for page in sorted(pages, key=lambda page: page.index):
-        if page.error is not None:
-            parts.append(f"<!-- page {page.index} failed: {page.error.message} -->")
-        else:
-            parts.append(page.html or page.text or "")
-            if page.finish_reason == "length":  # as JSON's finish_reason and /ui's note say
-                parts.append(CUT.format(page.index))
-    return "\n\n".join(parts) + "\n"
+    """The pages' markdown (app/documents/page_markdown.py) joined in page order."""
+    ordered = sorted(pages, key=lambda page: page.index)
+    return "\n\n".join(page_markdown(page.as_dict()) for page in ordered) + "\n"
 
 
 def summary_headers(pages: list[PageResult]) -> dict[str, str]:

@@ -24,7 +24,7 @@ from app.context import RequestContext
 from app.documents import crops, markdown
 from app.documents.crops import PagePlan, PlannedBlock
 from app.documents.errors import DocumentError
-from app.documents.job import OcrJob, PageResult
+from app.documents.job import NO_BLOCKS, OcrJob, PageResult
 from app.documents.layouts import LayoutService
 from app.documents.markdown import BlockAnswer
 from app.documents.workers import Preprocessor
@@ -82,6 +82,7 @@ async def parse_page(
         number, parsed.markdown, parsed.finish_reason, parsed.usage,
         image=page.url if job.page_images else None, markdown=parsed.markdown,
         blocks=parsed.blocks, images=parsed.images if job.layout.images else None, boxes=boxes,
+        empty=None if parsed.blocks else NO_BLOCKS,
     )  # fmt: skip
 
 

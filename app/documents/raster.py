@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 import warnings
 from collections.abc import Callable, Iterator
@@ -29,6 +30,13 @@ if TYPE_CHECKING:
 
 IMAGE_FORMATS = resize.IMAGE_FORMATS
 POINTS_PER_INCH = 72
+PDFIUM_ERRORS = {  # FPDF_GetLastError's codes (fpdfview.h) for a load that failed
+    pdfium_raw.FPDF_ERR_UNKNOWN: "unknown error",
+    pdfium_raw.FPDF_ERR_FILE: "file not found or could not be opened",
+    pdfium_raw.FPDF_ERR_FORMAT: "not in PDF format or corrupted",
+    pdfium_raw.FPDF_ERR_SECURITY: "unsupported security scheme",
+    pdfium_raw.FPDF_ERR_PAGE: "page not found or content error",
+}
 T = TypeVar("T")
 
 
@@ -143,15 +151,26 @@ def _inspect_pdf(source: Source, selection: PageSelection | None, max_pages: int
 
 
 def _open_pdf(path: str) -> pdfium.PdfDocument:
-    try:
-        return pdfium.PdfDocument(path)
-    except pdfium.PdfiumError as exc:
-        if exc.err_code == pdfium_raw.FPDF_ERR_PASSWORD:
+    """The PDF, opened through PDFium's own call: pypdfium2's `PdfDocument(path)` refuses a
+    document with no pages by PDFium's last error, which a load that succeeded never set, so a
+    0-page PDF was reported as whatever the worker's previous file had failed with
+    (`encrypted_pdf` after an encrypted one). Here the error is read only when the load failed,
+    and a document that loads with no page is `empty_pdf`."""
+    name = os.fsencode(path) + b"\0"
+    handle = pdfium_raw.FPDF_LoadDocument(name, None)
+    if not handle:  # the load failed: FPDF_GetLastError is this load's
+        code = pdfium_raw.FPDF_GetLastError()
+        if code == pdfium_raw.FPDF_ERR_PASSWORD:
             raise DocumentError(
                 "the PDF is encrypted with a password; remove the password and send it again",
                 "encrypted_pdf",
-            ) from None
-        raise DocumentError(f"`file` is not a readable PDF ({exc})", "corrupt_file") from None
+            )
+        why = PDFIUM_ERRORS.get(code, f"PDFium error {code}")
+        raise DocumentError(f"`file` is not a readable PDF ({why})", "corrupt_file")
+    if pdfium_raw.FPDF_GetPageCount(handle) < 1:
+        pdfium_raw.FPDF_CloseDocument(handle)
+        raise DocumentError("the PDF has no pages; send a PDF with at least one page", "empty_pdf")
+    return pdfium.PdfDocument(handle)
 
 
 def _pdf_pixels(source: Source, document: pdfium.PdfDocument, index: int) -> tuple[int, int]:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import difflib
 import errno
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -24,13 +26,44 @@ from app.documents.errors import DocumentError
 from app.documents.job import PROMPTS
 from app.documents.layout_options import LayoutOptions, parse_layout
 from app.documents.selection import PageSelection
-from app.errors import InvalidRequest, Overloaded, PayloadTooLarge, quoted
+from app.errors import InvalidRequest, Overloaded, PayloadTooLarge, clip, quoted
 
 DEFAULT_DPI = 144  # PaddleOCR's PDF reader renders at 2x 72 dpi
 DPI_RANGE = (36, 600)
 JSON_OVERHEAD = 64 * 1024  # options around the file in a JSON or multipart body
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 NO_ROOM_RETRY_AFTER = 5  # seconds: the documents before this one finish and free their files
+URL_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]{0,30}):")  # base64 never has a colon
+
+
+# Every field a document request (/v1/ocr, /v1/ocr/jobs) may carry, form or JSON: one line
+# each. Anything else is refused with 400 `unknown_parameter` naming it, as chat refuses an
+# unknown field (a misspelt `max_token` would otherwise be dropped and the page read with the
+# default). A new field is a line here and its parsing in `parse_options` (or parse_layout).
+FIELDS = (
+    "file",
+    "task",
+    "pages",
+    "dpi",
+    "max_tokens",
+    "model",
+    "stream",
+    "page_images",
+    "callback_url",  # jobs
+    "layout",  # and the layout pipeline's options (app/documents/layout_options.py)
+    "layout_threshold",
+    "layout_nms",
+    "layout_unclip_ratio",
+    "layout_merge_bboxes_mode",
+    "layout_shape_mode",
+    "markdown_ignore_labels",
+    "chart_recognition",
+    "seal_recognition",
+    "prettify_markdown",
+    "show_formula_number",
+    "markdown_images",
+    "cache",  # false: the results cache neither answers nor keeps (docs/cache.md)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +80,7 @@ class OcrOptions:
     callback_url: str | None = None  # jobs only (app/jobs/webhook.py checks it)
     layout: str = "auto"  # auto, on, off (docs/ocr-layout.md)
     layout_options: LayoutOptions = field(default_factory=LayoutOptions)
-    cache: bool = True  # false: the results cache neither answers nor keeps (docs/ocr.md)
+    cache: bool = True  # false: the results cache neither answers nor keeps (docs/cache.md)
 
 
 @dataclass(slots=True)
@@ -75,6 +108,11 @@ async def read_upload(request: Request, max_file_bytes: int) -> Upload:
             raise InvalidRequest(f"the multipart body cannot be read: {exc.message}") from None
         except OSError as exc:  # Starlette spools uploads over 1 MiB to the temp folder
             raise no_room(exc) from None
+        try:
+            refuse_unknown(form.keys())  # a file part under another name included
+        except InvalidRequest:
+            await form.close()
+            raise
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             await form.close()
@@ -109,15 +147,23 @@ def _from_json(raw: bytes) -> Upload:
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object with `file`")
     file = body.get("file")
-    if not isinstance(file, str) or not file:
+    if file is None or file == "":
         raise InvalidRequest(
             "`file` is required: base64, a data: URL, or an http(s) URL",
             param="file",
             code="missing_required_parameter",
         )
+    if not isinstance(file, str):
+        raise InvalidRequest(
+            f"`file` must be a string (base64, a data: URL, or an http(s) URL); got "
+            f"{type(file).__name__} {quoted(file)}",
+            param="file",
+            code="invalid_type",
+        )
     options = parse_options(body)
     if file.startswith(("http://", "https://")):
         return Upload(options, url=file)
+    refuse_scheme(file)
     if file.startswith("data:"):
         header, comma, file = file.partition(",")
         if not comma or not header.endswith(";base64"):
@@ -133,8 +179,39 @@ def _from_json(raw: bytes) -> Upload:
         ) from None
 
 
+def refuse_scheme(file: str) -> None:
+    """400 for a `file` that is a URL of a scheme never fetched (`file:`, `ftp:`, `s3:`): only
+    http(s) URLs are, and a data: URL is the file itself."""
+    scheme = URL_SCHEME.match(file)
+    if scheme is None or scheme.group(1).lower() in ("data", "http", "https"):
+        return
+    raise InvalidRequest(
+        f"`file` is a {clip(scheme.group(1))}: URL, which the server does not fetch (only "
+        "http(s) URLs are): send the file itself as base64, a data: URL, or an upload",
+        param="file",
+        code="invalid_value",
+    )
+
+
+def refuse_unknown(fields: Iterable[str]) -> None:
+    """400 `unknown_parameter` for the first field that is not one of FIELDS (the closest
+    known name suggested: `max_token`, `maxTokens` → `max_tokens`)."""
+    for name in fields:
+        if name in FIELDS:
+            continue
+        close = difflib.get_close_matches(name.lower(), FIELDS, n=1, cutoff=0.75)
+        hint = f"; did you mean `{close[0]}`?" if close else ""
+        raise InvalidRequest(
+            f"Unrecognized request argument supplied: {clip(name)}{hint} (docs/ocr.md lists "
+            "every field of /v1/ocr and /v1/ocr/jobs)",
+            param=clip(name),
+            code="unknown_parameter",
+        )
+
+
 def parse_options(fields: dict[str, Any]) -> OcrOptions:
-    """The options from form fields (strings) or JSON values."""
+    """The options from form fields (strings) or JSON values; a field not in FIELDS refused."""
+    refuse_unknown(fields)
     task = fields.get("task") or "ocr"
     if not isinstance(task, str) or task not in PROMPTS:
         raise InvalidRequest(

@@ -68,6 +68,7 @@ def page_results(bodies: list[bytes]) -> list[PageResult]:
                 blocks=shown.get("blocks"),
                 images=shown.get("images"),
                 cached=shown.get("cached") is True,
+                empty=shown.get("empty"),
             )
         )
     return pages

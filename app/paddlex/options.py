@@ -12,6 +12,7 @@ import base64
 import binascii
 from typing import Any
 
+from app.documents import upload
 from app.documents.layout_options import DEFAULT_IGNORE, LayoutOptions
 from app.documents.sniff import FileKind
 from app.errors import InvalidRequest
@@ -72,14 +73,18 @@ def pixels(request: InferRequest, settings: Settings) -> tuple[int, int]:
 def file_bytes(file: str) -> bytes:
     """`file` as base64 (PaddleX's lenient `b64decode`: line breaks and stray characters are
     skipped); a `data:` URL's payload too."""
+    upload.refuse_scheme(file)
     if file.startswith("data:") and "," in file:
         file = file.partition(",")[2]
     try:
-        return base64.b64decode(file)
+        data = base64.b64decode(file)
     except (binascii.Error, ValueError):
+        data = b""
+    if not data and file.strip():  # nothing but characters the lenient decoder skips
         raise InvalidRequest(
             "`file` is neither valid base64 nor an http(s) URL", param="file", code="invalid_value"
-        ) from None
+        )
+    return data
 
 
 def check_type(file_type: int | None, kind: FileKind) -> None:

@@ -26,6 +26,7 @@ import pypdfium2 as pdfium
 from PIL import Image, ImageDraw, ImageFont
 
 from app.documents import raster
+from app.documents.errors import DocumentError
 
 MAX_OUTPUT_SIDE = 2000  # PaddleX's DEFAULT_MAX_OUTPUT_IMG_SIZE
 COLORS = (
@@ -59,7 +60,17 @@ class Pages:
 def inspect(source: raster.Source, max_pages: int) -> Pages:
     """Every page of the file (OCRVL_MAX_PAGES at most: a DocumentError past it, as for
     /v1/ocr), checked as /v1/ocr checks them, with its size."""
-    indexes = raster.inspect(source, None, max_pages)
+    try:
+        indexes = raster.inspect(source, None, max_pages)
+    except DocumentError as exc:
+        if exc.code != "too_many_pages":
+            raise
+        raise DocumentError(  # this route reads every page: it has no `pages` to choose some
+            f"the file has more than {max_pages} pages, the most one request may read "
+            "(OCRVL_MAX_PAGES): split it into parts of at most that many pages, or send it to "
+            "/v1/ocr, whose `pages` field reads some of them",
+            "too_many_pages",
+        ) from None
     if source.kind.is_pdf:
         document = pdfium.PdfDocument(source.path)
         try:

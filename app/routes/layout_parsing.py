@@ -176,13 +176,12 @@ async def _file(gateway: Gateway, file: str) -> bytes:
 
 
 def _check_policy(gateway: Gateway, infer: InferRequest, model_len: int | None) -> None:
-    """The request policy on what the blocks' requests carry (`maxNewTokens`)."""
-    try:
-        policy.check({"max_tokens": infer.maxNewTokens}, gateway.settings, model_len)
-    except InvalidRequest as exc:
-        raise InvalidRequest(
-            f"`maxNewTokens`: {exc.message}", param="maxNewTokens", code=exc.code
-        ) from None
+    """The request policy on what the blocks' requests carry (`maxNewTokens`, judged as chat's
+    `max_tokens` is, in its own name)."""
+    if infer.maxNewTokens is not None:
+        policy.bounded_integer(
+            "maxNewTokens", infer.maxNewTokens, 1, model_len, "the served model's max_model_len"
+        )
 
 
 async def _prepare(

@@ -231,3 +231,49 @@ async def test_a_job_waits_for_the_layout_service_it_was_promised(tmp_path: Path
     assert job["status"] == "succeeded"
     assert len(layout.seen) == 1
     assert len(fake.bodies) == 2
+
+
+async def _ready_until(client: httpx.AsyncClient, layout_status: str) -> httpx.Response:
+    """`/ready` once its answer reports the layout service as `layout_status` (every answer is
+    one whole reading of the probes; a 503 reports it in the message)."""
+    with anyio.fail_after(60):
+        while True:
+            response = await client.get("/ready")
+            if response.status_code == 200:
+                if response.json()["layout"]["status"] == layout_status:
+                    return response
+            elif layout_status == "down" and "no layout service is ready" in response.text:
+                return response
+            await anyio.sleep(0.05)
+
+
+@pytest.mark.parametrize("required", [False, True])
+async def test_ready_reports_the_layout_service_and_can_require_it(required: bool) -> None:
+    """`/ready` says `layout: ready` (its URL) while the stand-in serves; once it is stopped,
+    `layout: down` with why, still 200 by default; with OCRVL_READY_REQUIRES_LAYOUT a 503
+    `layout_unavailable` with Retry-After. A gateway without a layout service says `off`."""
+    with serving(Answering()) as fake:
+        layout = LayoutStandin(boxes=lambda w, h, n: [])
+        server = ThreadedServer(layout)
+        server.__enter__()
+        try:
+            async with gateway(fake, server.url, ready_requires_layout=required) as client:
+                up = await _ready_until(client, "ready")
+                await anyio.to_thread.run_sync(server.__exit__, None, None, None)  # stopped
+                down = await _ready_until(client, "down")
+        finally:
+            server.__exit__(None, None, None)
+        async with gateway(fake, None, ready_requires_layout=required) as client:
+            off = await client.get("/ready")
+    assert up.status_code == 200
+    assert up.json()["layout"] == {"status": "ready", "services": [server.url]}
+    assert (off.status_code, off.json()["layout"]) == (200, {"status": "off"})
+    if not required:
+        assert down.status_code == 200
+        assert down.json()["layout"]["status"] == "down"
+        assert server.url in down.json()["layout"]["problem"]
+        return
+    assert down.status_code == 503
+    assert down.json()["error"]["code"] == "layout_unavailable"
+    assert "OCRVL_READY_REQUIRES_LAYOUT" in down.json()["error"]["message"]
+    assert int(down.headers["retry-after"]) >= 1

@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 from app.auth import KeyFile, KeyLimits
 from app.main import create_app
 from tests.conftest import CLIENT_KEY, settings_for
+from tests.jobs.test_api import until_ended
 from tests.support.fake_backend import FakeVLLM, completion
 from tests.support.layout_standin import LayoutStandin, box
 from tests.support.servers import lifespan_client, read_body, serving
@@ -433,3 +434,29 @@ async def test_a_page_of_many_blocks_counts_one_page_of_the_key_s_budget(tmp_pat
     assert second.status_code == 429, second.text
     assert second.json()["error"]["code"] == "insufficient_quota"
     assert len(fake.bodies) == 6
+
+
+async def test_a_page_with_no_blocks_says_so(tmp_path: Path) -> None:
+    """The layout finds no block on a page: the page is a 200 with empty text and
+    `empty: "no_blocks"` (JSON, NDJSON and a job's result), the model is never asked; a page
+    with blocks carries no `empty`."""
+    with services(boxes=[]) as (fake, layout):
+        async with gateway(fake, layout, data_dir=tmp_path) as client:
+            whole = await client.post("/v1/ocr", files=upload())
+            lines = await client.post(
+                "/v1/ocr", files=upload(), headers={"accept": "application/x-ndjson"}
+            )
+            job = (await client.post("/v1/ocr/jobs", files=upload())).json()
+            assert (await until_ended(client, job["id"]))["status"] == "succeeded"
+            kept = await client.get(f"/v1/ocr/jobs/{job['id']}/result")
+    assert whole.status_code == 200, whole.text
+    page = whole.json()["pages"][0]
+    assert (page["text"], page["blocks"], page["empty"]) == ("", [], "no_blocks")
+    assert orjson.loads(lines.text.splitlines()[1])["empty"] == "no_blocks"
+    assert kept.json()["pages"][0]["empty"] == "no_blocks"
+    assert fake.bodies == []
+    with services() as (fake, layout):
+        async with gateway(fake, layout) as client:
+            read = (await client.post("/v1/ocr", files=upload())).json()["pages"][0]
+    assert read["blocks"]
+    assert "empty" not in read

@@ -1,16 +1,22 @@
 """What a document's page asks of the engine when the client says nothing, and how an answer cut
-by `max_tokens` shows in markdown: /v1/ocr and jobs (the /ui page sends /v1/ocr's requests).
+by `max_tokens` shows in markdown: /v1/ocr, jobs (the /ui page sends /v1/ocr's requests) and
+`ocrvl ocr`.
 
 FakeVLLM stands in for the engine: it records each page's request and can say it was cut.
 """
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 
 import pytest
 
+from app import client as client_module
+from app.documents.output import NDJSON
 from app.main import create_app
+from app.progress import Progress
 from tests.conftest import CLIENT_KEY, settings_for
 from tests.jobs.test_api import until_ended
 from tests.support.documents import pdf
@@ -58,3 +64,26 @@ async def test_markdown_marks_a_page_cut_by_max_tokens(fake: FakeVLLM, tmp_path:
         assert result.text == expected
         pages = (await client.get(f"/v1/ocr/jobs/{job['id']}/result")).json()["pages"]
         assert [page["finish_reason"] for page in pages] == ["length", "length"]
+
+
+async def test_ocrvl_ocr_writes_the_servers_markdown(
+    fake: FakeVLLM, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ocrvl ocr`'s Writer, fed the NDJSON stream it reads from /v1/ocr, writes the markdown
+    the server answers for the same document, "cut at max_tokens" marks included, on stdout
+    and into an `--out` file."""
+    fake.finish_reason = "length"
+    settings = settings_for(fake.url, preprocess_workers=1, data_dir=tmp_path)
+    async with lifespan_client(create_app(settings), headers=AUTH, timeout=60) as client:
+        files = {"file": ("d.pdf", pdf(3))}
+        server = await client.post("/v1/ocr", files=files, headers={"accept": "text/markdown"})
+        stream = await client.post("/v1/ocr", files=files, headers={"accept": NDJSON})
+    assert "was cut at max_tokens" in server.text
+    events = [json.loads(line) for line in stream.text.splitlines() if line.strip()]
+    for target in (None, tmp_path / "out.md"):
+        with client_module.Writer(target, "md", "d.pdf") as out:
+            progress = Progress("d.pdf", io.StringIO())
+            for event in events:
+                client_module._handle(json.loads(json.dumps(event)), out, progress)
+        written = capsys.readouterr().out if target is None else target.read_text()
+        assert written == server.text

@@ -23,6 +23,7 @@ import pytest
 from PIL import Image
 
 from tests.fidelity import pages as corpus
+from tests.fidelity.sketch import Page
 from tests.paddlex.conftest import b64, gateway, run_paddlex
 from tests.support.layout_standin import LayoutStandin
 from tests.support.servers import serving
@@ -43,7 +44,16 @@ RUNS: list[tuple[str, dict[str, Any]]] = [
     ("overlaps", {"returnMarkdownImages": False, "mergeLayoutBlocks": False}),
     ("merged_paragraphs", {"temperature": 0.3, "topP": 0.8, "repetitionPenalty": 1.1}),
     ("article", {"minPixels": 200_000, "maxPixels": 600_000, "maxNewTokens": 512}),
+    ("blank", {}),  # a page on which the layout finds no block
 ]
+
+
+def blank(folder: Path) -> corpus.Document:
+    """A page on which both sides' layout finds no box (a size of its own, no boxes)."""
+    image = Image.new("RGB", (700, 990), "white")
+    path = folder / "blank.png"
+    image.save(path, format="PNG")
+    return corpus.Document("blank", path, [Page("blank", image, [])])
 
 
 def bodies(documents: dict[str, corpus.Document]) -> list[dict[str, Any]]:
@@ -84,7 +94,7 @@ def sides(
     import asyncio  # noqa: PLC0415
 
     folder = tmp_path_factory.mktemp("corpus")
-    documents = {doc.name: doc for doc in corpus.write(folder)}
+    documents = {doc.name: doc for doc in [*corpus.write(folder), blank(folder)]}
     layouts = {p.size: p.boxes for doc in documents.values() for p in doc.pages}
     requests = bodies(documents)
     with serving(StandinVLM()) as vlm:
@@ -127,3 +137,15 @@ def test_both_asked_the_model_the_same(sides: Any) -> None:
     assert asked(gateway_asked) == asked(paddlex_asked)
     fields = {name for r in paddlex_asked for name, _ in r.sampling}
     assert {"top_p", "repetition_penalty"} <= fields
+
+
+def test_a_page_with_no_blocks_is_paddlexs_empty_page(sides: Any) -> None:
+    """A page on which the layout finds no box: PaddleX's server answers it with no block, no
+    layout box and empty markdown (nothing more says why), and the gateway answers the same."""
+    expected, got, _, _ = sides
+    run = [name for name, _ in RUNS].index("blank")
+    (page,) = expected[run]["layoutParsingResults"]
+    assert page["prunedResult"]["parsing_res_list"] == []
+    assert page["prunedResult"]["layout_det_res"]["boxes"] == []
+    assert page["markdown"]["text"] == ""
+    assert images_as_sizes(got[run]) == images_as_sizes(expected[run])

@@ -29,8 +29,8 @@ from tests.support.servers import serving
 pytestmark = pytest.mark.anyio
 PNG = page_png()
 REFUSAL_IDS = (
-    "type", "png", "pdf", "encrypted", "unknown", "base64", "empty", "pages", "bomb", "spotting",
-    "tokens", "missing",
+    "type", "png", "pdf", "encrypted", "unknown", "base64", "empty", "junk", "file_url",
+    "pages", "bomb", "spotting", "tokens", "missing",
 )  # fmt: skip
 
 
@@ -181,7 +181,9 @@ async def test_an_option_not_run_or_malformed_is_refused_naming_it(field: str, v
         ({"file": b64(encrypted_pdf())}, "encrypted_pdf"),
         ({"file": b64(b"hello")}, "unsupported_file"),
         ({"file": "abc"}, "invalid_value"),
-        ({"file": "!!!"}, "empty_file"),
+        ({"file": ""}, "empty_file"),
+        ({"file": "!!!"}, "neither valid base64"),  # the lenient decoder skips it all
+        ({"file": "file:///etc/passwd"}, "a file: URL, which the server does not fetch"),
         ({"file": b64(pdf(3))}, "too_many_pages"),
         ({"file": b64(png_bomb())}, "image_too_large"),
         ({"file": b64(PNG), "useLayoutDetection": False, "promptLabel": "spotting"}, "promptLabel"),

@@ -86,6 +86,7 @@ def answers() -> dict[str, list[dict[str, Any]]]:
 
     async def collect() -> dict[str, list[dict[str, Any]]]:
         got: dict[str, list[dict[str, Any]]] = {"infer": [], "restructure": [], "error": []}
+        got["health"] = []
         with services() as (fake, layout):
             async with gateway(fake, layout) as client:
                 for data, kind in FILES:
@@ -105,6 +106,7 @@ def answers() -> dict[str, list[dict[str, Any]]]:
                     got["error"].append((await client.post("/layout-parsing", json=body)).json())
                 unauthorized = await client.post("/restructure-pages", json={}, headers={})
                 got["error"].append(unauthorized.json())
+                got["health"].append((await client.get("/health", headers={})).json())
         return got
 
     return asyncio.run(collect())
@@ -120,6 +122,7 @@ def validated(
     items = [{"model": "infer_answer", "body": body} for body in answers["infer"]]
     items += [{"model": "restructure_answer", "body": body} for body in answers["restructure"]]
     items += [{"model": "error", "body": body} for body in answers["error"]]
+    items += [{"model": "error", "body": body} for body in answers["health"]]
     for extra in OPTIONS:
         items.append({"model": "infer_request", "body": {"file": "x", "fileType": 1, **extra}})
     for extra in REFUSED_BY_BOTH + TAKEN_BY_BOTH:
@@ -140,6 +143,19 @@ def test_every_answer_is_paddlexs_to_the_field(
     for body, verdict in zip(bodies, validated, strict=False):
         assert verdict["valid"], verdict["error"]
         assert verdict["dumped"] == body
+
+
+def test_health_is_paddlexs_health_answer_too(
+    answers: dict[str, list[dict[str, Any]]], validated: list[dict[str, Any]]
+) -> None:
+    """`GET /health` is PaddleX's serving health answer to the field (its
+    `AIStudioNoResultResponse`: `errorCode` 0, `errorMsg` "Healthy", a `logId`), plus our
+    `status`."""
+    (health,) = answers["health"]
+    verdict = validated[len(answers["infer"] + answers["restructure"] + answers["error"])]
+    assert verdict["valid"], verdict["error"]
+    assert health == {**verdict["dumped"], "status": "ok"}
+    assert (health["errorCode"], health["errorMsg"]) == (0, "Healthy")
 
 
 def test_the_answers_cover_each_file_kind_and_page_count(

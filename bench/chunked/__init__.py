@@ -1,0 +1,1 @@
+"""Gateway memory under chunked bodies over the limit (bench.chunked)."""
