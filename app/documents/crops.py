@@ -53,6 +53,7 @@ class PlannedBlock:
     prompt: str | None = None  # None: not sent (kept as an image, merged into another, empty)
     url: str | None = None  # the crop the model reads (JPEG data URL)
     tokens: int = 0  # its visual tokens at its pixel bounds
+    pixels: tuple[int, int] | None = None  # (min, max) pixels it is read with
     image_path: str | None = None  # the figure's markdown path (labels kept as images)
     dropped: bool = False  # a figure inside a table: shown by the table, not as a block
     token_map: dict[str, str] = field(default_factory=dict)  # a table's [F<n>] -> figure path
@@ -166,9 +167,8 @@ def _block(slot: Slot, cuts: _Cuts) -> PlannedBlock:
             image = trimmed
     image, block.guard = guard(image)
     block.prompt, block.url = prompt, jpeg_url(image)
-    height, width = resize.smart_resize(
-        image.height, image.width, source.min_pixels, source.max_pixels
-    )
+    block.pixels = blocks.bounds(prompt, options, (source.min_pixels, source.max_pixels))
+    height, width = resize.smart_resize(image.height, image.width, *block.pixels)
     block.tokens = (height // resize.FACTOR) * (width // resize.FACTOR)
     return block
 

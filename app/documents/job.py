@@ -57,6 +57,7 @@ class PageResult:
     blocks: list[dict[str, Any]] | None = field(default=None, repr=False)  # with a layout
     images: dict[str, str] | None = field(default=None, repr=False)  # markdown path -> data URL
     boxes: list[Box] | None = field(default=None, repr=False)  # with a layout: the service's
+    spotting: list[dict[str, Any]] | None = field(default=None, repr=False)  # task spotting
 
     def as_dict(self) -> dict[str, Any]:
         """The page as the API shows it (`error` in OpenAI's shape, only when it failed)."""
@@ -66,7 +67,7 @@ class PageResult:
             "finish_reason": self.finish_reason,
             "usage": self.usage,
         }
-        for name in ("image", "html", "markdown", "blocks", "images"):  # only those it has
+        for name in ("image", "html", "markdown", "blocks", "images", "spotting"):  # those it has
             if (value := getattr(self, name)) is not None:
                 shown[name] = value
         if self.error is not None:

@@ -52,6 +52,10 @@ class LayoutOptions:
     pretty: bool = True  # markdown as PaddleX's default (centred HTML); False: plain markdown
     formula_number: bool = False  # a formula's number merged into it as \tag*{}
     images: bool = True  # the figure crops the markdown references come back as data URLs
+    ocr_images: bool = False  # image blocks read with "OCR:" too, their text under the figure
+    # pixel bounds by prompt ("ocr", "table", "chart", "formula", "seal"): [min, max]; a
+    # prompt left out takes the document's (PaddleX's `vlmExtraArgs` `ocr_min_pixels`, …)
+    pixels: dict[str, list[int]] | None = None
 
     def service_overrides(self) -> dict[str, Any]:
         """The overrides the layout service takes (issue 36's API), the unset ones left out."""
@@ -91,6 +95,7 @@ def parse_layout(fields: dict[str, Any]) -> tuple[str, LayoutOptions]:
         pretty=bool(_flag(fields, "prettify_markdown", True)),
         formula_number=bool(_flag(fields, "show_formula_number", False)),
         images=bool(_flag(fields, "markdown_images", True)),
+        ocr_images=bool(_flag(fields, "ocr_image_blocks", False)),
     )
     return mode, options
 

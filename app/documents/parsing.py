@@ -33,6 +33,7 @@ from app.proxy import Relay
 
 log = logging.getLogger("ocrvl.documents")
 BLOCK_MAX_TOKENS = 4096  # PaddleX's pipeline default (`max_new_tokens`) for a block
+PIXELS = ("min_pixels", "max_pixels")
 PROMPT_TOKENS = 64  # the chat template and the prompt around a block's image, at most
 
 
@@ -157,16 +158,17 @@ def block_request(job: OcrJob, block: PlannedBlock) -> ChatRequest:
         "temperature": 0,
         **job.sampling,
         "skip_special_tokens": True,
-        "mm_processor_kwargs": {
-            "min_pixels": job.source.min_pixels,
-            "max_pixels": job.source.max_pixels,
-        },
+        "mm_processor_kwargs": dict(zip(PIXELS, block.pixels or _pixels(job), strict=True)),
     }
     limit = max_tokens(job, block.tokens)
     if limit is not None:
         payload["max_completion_tokens"] = limit
     raw = orjson.dumps(payload)
     return ChatRequest(payload, raw, job.model, stream=False, units=max(block.tokens, 1))
+
+
+def _pixels(job: OcrJob) -> tuple[int, int]:
+    return job.source.min_pixels, job.source.max_pixels
 
 
 def max_tokens(job: OcrJob, visual_tokens: int) -> int | None:

@@ -52,7 +52,7 @@ def settings_of(request: InferRequest, layout: LayoutOptions | None) -> dict[str
         "use_layout_detection": layout is not None,
         "use_chart_recognition": chart or bool(request.useChartRecognition),
         "use_seal_recognition": seal or bool(request.useSealRecognition),
-        "use_ocr_for_image_block": False,
+        "use_ocr_for_image_block": bool(request.useOcrForImageBlock),
         "format_block_content": bool(request.formatBlockContent),
         "merge_layout_blocks": request.mergeLayoutBlocks is not False,
         "markdown_ignore_labels": list(DEFAULT_IGNORE if ignored is None else ignored),
@@ -69,6 +69,12 @@ def page_of(
     page: dict[str, Any] = {"page_count": None, "width": width, "height": height}
     page["model_settings"] = settings
     if not settings["use_layout_detection"]:
+        if result.spotting is not None:  # read, loops cut, by the page's own reader (fanout)
+            page["spotting_res"] = {
+                "rec_polys": [spot["polygon"] for spot in result.spotting],
+                "rec_texts": [spot["text"] for spot in result.spotting],
+            }
+            return Page(page, [Block(label, [0, 0, width, height], result.text or "")])
         content = answers.content(label, result.text)
         return Page(page, [Block(label, [0, 0, width, height], content)])
     page["layout_det_res"] = {"boxes": [box_json(box) for box in result.boxes or []]}

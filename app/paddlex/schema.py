@@ -243,7 +243,6 @@ def _where(loc: tuple[int | str, ...]) -> str:
 NOT_RUN = {
     "useDocOrientationClassify": "document orientation classification (PP-LCNet_x1_0_doc_ori)",
     "useDocUnwarping": "document unwarping (UVDoc)",
-    "useOcrForImageBlock": "reading image blocks with the OCR prompt",
 }
 
 
@@ -254,12 +253,6 @@ def refused(request: InferRequest) -> InvalidRequest | None:
             return _unsupported(name, f"this server does not run {what}; send false or null")
     if request.outputFormats:
         return _unsupported("outputFormats", "this server exports no other formats (docx)")
-    if request.vlmExtraArgs:
-        return _unsupported("vlmExtraArgs", "this server passes no extra model arguments")
-    if request.useLayoutDetection is False and request.promptLabel == "spotting":
-        return _unsupported(
-            "promptLabel", "`spotting` (text spotting's post-processing) is not run here"
-        )
     return None
 
 

@@ -50,16 +50,18 @@ async def layout_parsing(
     infer = await _body(request, gateway, InferRequest)
     if (refusal := schema.refused(infer)) is not None:
         raise refusal
+    extra = options.extras(infer)
+    infer = extra.request  # vlmExtraArgs' sampling fields and pixels over the request's
     data = await _file(gateway, infer.file)
     served = gateway.pool.require_models("to read the document")
     context.served_model = next(iter(served))
-    layout = options.layout_options(infer)
+    layout = options.layout_options(infer, options.kind_pixels(extra, gateway.settings))
     if layout is not None:
         layout = layouts.choose(gateway.layouts, "on", layout)[0]
     model_len = policy.model_length(served[context.served_model])
     _check_policy(gateway, infer, model_len)
     async with contextlib.AsyncExitStack() as cleanup:
-        source, found = await _prepare(gateway, cleanup, infer, data)
+        source, found = await _prepare(gateway, cleanup, extra, data, layout is None)
         if gateway.usage is not None:  # the whole document under the key's page budget, first
             await gateway.usage.admit(context, len(found.indexes))
         job = OcrJob(
@@ -171,19 +173,25 @@ async def _file(gateway: Gateway, file: str) -> bytes:
 
 def _check_policy(gateway: Gateway, infer: InferRequest, model_len: int | None) -> None:
     """The request policy on what the blocks' requests carry (`maxNewTokens`)."""
+    extra = "max_new_tokens" in (infer.vlmExtraArgs or {})
+    name = "vlmExtraArgs.max_new_tokens" if extra else "maxNewTokens"
     try:
         policy.check({"max_tokens": infer.maxNewTokens}, gateway.settings, model_len)
     except InvalidRequest as exc:
-        raise InvalidRequest(
-            f"`maxNewTokens`: {exc.message}", param="maxNewTokens", code=exc.code
-        ) from None
+        raise InvalidRequest(f"`{name}`: {exc.message}", param=name, code=exc.code) from None
 
 
 async def _prepare(
-    gateway: Gateway, cleanup: contextlib.AsyncExitStack, infer: InferRequest, data: bytes
+    gateway: Gateway,
+    cleanup: contextlib.AsyncExitStack,
+    extra: options.Extras,
+    data: bytes,
+    whole: bool,
 ) -> tuple[Source, pages.Pages]:
     """The file spooled for the workers, sniffed, its type checked against `fileType`, and
-    every page checked (OCRVL_MAX_PAGES, pixels, encryption) and measured."""
+    every page checked (OCRVL_MAX_PAGES, pixels, encryption) and measured; `whole`: each page
+    is read whole, with its prompt's pixel bounds (a spotted page enlarged first)."""
+    infer, label = extra.request, extra.request.promptLabel or "ocr"
     received = upload.Upload(upload.OcrOptions(), data=data)
     path, head = await asyncio.to_thread(upload.spool, received, data, tempfile.gettempdir())
     cleanup.push_async_callback(asyncio.to_thread, upload.remove, path)
@@ -191,8 +199,15 @@ async def _prepare(
     try:
         source = Source.sniffed(path, head, upload.DEFAULT_DPI, settings)
         options.check_type(infer.fileType, source.kind)
-        low, high = options.pixels(infer, settings)
-        source = replace(source, min_pixels=low, max_pixels=high)
+        if whole and label == "spotting":
+            source = source.for_spotting(settings.max_pixels)
+        else:
+            low, high = (
+                options.page_pixels(extra, settings, label)
+                if whole
+                else options.pixels(infer, settings)
+            )
+            source = replace(source, min_pixels=low, max_pixels=high)
         found: pages.Pages = await gateway.documents.run(pages.inspect, source, settings.max_pages)
     except DocumentError as exc:
         raise exc.as_gateway_error() from None

@@ -19,6 +19,7 @@ SPEC: {"mode": "restructure", "requests": [body, ...]} -> {"ok": true, "answers"
 SPEC: {"mode": "infer", "server_url", "layouts", "fixed_layout": path, "requests": [body]}
     -> {"ok": true, "answers": [result]}
 SPEC: {"mode": "soup", "html": [str]} / {"mode": "kmeans", "heights": [[int]]}
+SPEC: {"mode": "spotting", "answers": [[answer, width, height]]} -> {"ok": true, "read": [...]}
 """
 
 from __future__ import annotations
@@ -214,6 +215,26 @@ def _predict_arguments(request: Any) -> dict[str, Any]:
     }
 
 
+def _spotted(answer: str, width: int, height: int) -> list[Any]:
+    """A spotting block's content as `_paddleocr_vl_assemble_parsing_results` makes it: loops
+    cut, math delimiters rewritten (its inline code, copied), `post_process_for_spotting`."""
+    from paddlex.inference.pipelines.paddleocr_vl import uilts  # noqa: PLC0415
+
+    text = uilts.truncate_repetitive_content(answer, min_count=50)
+    if ("\\(" in text and "\\)" in text) or ("\\[" in text and "\\]" in text):
+        text = text.replace("$", "")
+        text = (
+            text.replace("\\(", " $ ")
+            .replace("\\)", " $")
+            .replace("\\[\\[", "\\[")
+            .replace("\\]\\]", "\\]")
+            .replace("\\[", " $$ ")
+            .replace("\\]", " $$ ")
+        )
+    content, found = uilts.post_process_for_spotting(text, width, height)
+    return [content, found]
+
+
 def _load(path: str) -> Any:
     spec = importlib.util.spec_from_file_location("paddlex_fixed_layout", path)
     assert spec is not None
@@ -230,6 +251,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         from bs4 import BeautifulSoup  # noqa: PLC0415
 
         return {"ok": True, "html": [str(BeautifulSoup(h, "html.parser")) for h in spec["html"]]}
+    if mode == "spotting":
+        return {"ok": True, "read": [_spotted(*item) for item in spec["answers"]]}
     if mode == "kmeans":
         from paddlex.inference.pipelines.layout_parsing import title_level  # noqa: PLC0415
 

@@ -30,6 +30,10 @@ from tests.support.standin_vlm import Received, StandinVLM
 
 pytestmark = pytest.mark.anyio
 FIXED_LAYOUT = Path(__file__).parents[1] / "support" / "paddlex_fixed_layout.py"
+EXTRA_ARGS = {
+    "ocr_min_pixels": 150_000, "ocr_max_pixels": 700_000, "table_max_pixels": 500_000,
+    "formula_min_pixels": 200_000, "temperature": 0.2, "max_new_tokens": 300,
+}  # fmt: skip
 # (document, extra fields): the corpus's kinds of file and pages, and PaddleX's options
 RUNS: list[tuple[str, dict[str, Any]]] = [
     ("book-pdf", {}),
@@ -43,6 +47,9 @@ RUNS: list[tuple[str, dict[str, Any]]] = [
     ("overlaps", {"returnMarkdownImages": False, "mergeLayoutBlocks": False}),
     ("merged_paragraphs", {"temperature": 0.3, "topP": 0.8, "repetitionPenalty": 1.1}),
     ("article", {"minPixels": 200_000, "maxPixels": 600_000, "maxNewTokens": 512}),
+    ("figures-sideways", {"useOcrForImageBlock": True, "prettifyMarkdown": False}),
+    ("book-pdf", {"useOcrForImageBlock": True}),
+    ("article", {"vlmExtraArgs": EXTRA_ARGS}),
 ]
 
 

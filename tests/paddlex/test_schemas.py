@@ -43,7 +43,8 @@ OPTIONS: list[dict[str, Any]] = [
     {"restructurePages": True, "mergeTables": False, "relevelTitles": False},
     {"restructurePages": True, "visualize": True},
     {"visualize": False},
-    *({"useLayoutDetection": False, "promptLabel": label} for label in schema.PROMPT_LABELS[:5]),
+    *({"useLayoutDetection": False, "promptLabel": label} for label in schema.PROMPT_LABELS),
+    {"useOcrForImageBlock": True, "vlmExtraArgs": {"ocr_max_pixels": 600_000, "top_p": 0.5}},
     {"useLayoutDetection": False},
 ]
 FILES = [(PNG, 1), (PDF3, 0), (TIFF2, 1)]
@@ -68,6 +69,8 @@ REFUSED_BY_BOTH: list[dict[str, Any]] = [
     {"markdownIgnoreLabels": "header"},
     {"outputFormats": ["pdf"]},
     {"visualize": "perhaps"},
+    {"useOcrForImageBlock": "maybe"},
+    {"vlmExtraArgs": [1]},
 ]
 TAKEN_BY_BOTH: list[dict[str, Any]] = [
     {"fileType": 1.0},
