@@ -154,3 +154,13 @@ def test_the_tiny_checkpoints_are_transformers_own(tmp_path: Path) -> None:
     for name in ("orientation", "unwarping"):
         assert (folder / name / "config.json").is_file()
         assert (folder / name / "model.safetensors").is_file()
+
+
+def test_a_checkpoint_that_does_not_load_leaves_its_step_out_saying_why(tmp_path: Path) -> None:
+    """An unwarping folder with no checkpoint: the classifier still loads, and `unwarp` is
+    refused with the reason (the layout model serves on without it)."""
+    steps = Preprocessor(str(tiny_preprocess_dir() / "orientation"), str(tmp_path), CPU, FP32)
+    assert steps.orientation is not None
+    assert steps.unwarping is None
+    with pytest.raises(Exception, match=f"`unwarp` is not available.*{tmp_path}"):
+        steps.require(False, True)

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
 from PIL import Image
 
 from ocrvl_layout.errors import NotLoaded
+from ocrvl_layout.model import CheckpointError
 from ocrvl_layout.orientation import OrientationModel, turned
 from ocrvl_layout.unwarping import UnwarpingModel
+
+log = logging.getLogger("ocrvl_layout")
+M = TypeVar("M", OrientationModel, UnwarpingModel)
 
 
 @dataclass(frozen=True)
@@ -41,14 +47,30 @@ class Corrected:
 
 
 class Preprocessor:
-    """The preprocessing models this service was started with (either may be absent)."""
+    """The preprocessing models this service was started with (either may be absent). A
+    checkpoint that does not load leaves its step out, said in the log and in the refusal of a
+    request that asks for it: the layout model serves on (the steps are optional)."""
 
     def __init__(
         self, orientation: str | None, unwarping: str | None, device: torch.device,
         dtype: torch.dtype,
     ) -> None:  # fmt: skip
-        self.orientation = OrientationModel(orientation, device, dtype) if orientation else None
-        self.unwarping = UnwarpingModel(unwarping, device, dtype) if unwarping else None
+        self.problems: dict[str, str] = {}
+        self.orientation = self._load(OrientationModel, orientation, "orientation", device, dtype)
+        self.unwarping = self._load(UnwarpingModel, unwarping, "unwarp", device, dtype)
+
+    def _load(
+        self, kind: type[M], checkpoint: str | None, name: str, device: torch.device,
+        dtype: torch.dtype,
+    ) -> M | None:  # fmt: skip
+        if not checkpoint:
+            return None
+        try:
+            return kind(checkpoint, device, dtype)
+        except CheckpointError as error:
+            log.warning("`%s` is left out: %s", name, error)
+            self.problems[name] = str(error)
+            return None
 
     def describe(self) -> str:
         """What it runs, for the ready line ("" when nothing)."""
@@ -66,9 +88,10 @@ class Preprocessor:
             (unwarp, self.unwarping, "unwarp", "--unwarping-model"),
         ):
             if asked and model is None:
+                why = self.problems.get(name, f"it was started without a model for it ({flag})")
                 raise NotLoaded(
-                    f"`{name}` is not available on this layout service: it was started without "
-                    f"a model for it ({flag}); send the request without it",
+                    f"`{name}` is not available on this layout service: {why}; send the "
+                    "request without it",
                     param=name,
                 )
 
