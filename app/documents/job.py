@@ -58,6 +58,9 @@ class PageResult:
     images: dict[str, str] | None = field(default=None, repr=False)  # markdown path -> data URL
     boxes: list[Box] | None = field(default=None, repr=False)  # with a layout: the service's
     spotting: list[dict[str, Any]] | None = field(default=None, repr=False)  # task spotting
+    angle: int | None = None  # with `orientation`: the page was turned counter-clockwise by it
+    corrected: str | None = field(default=None, repr=False)  # the page turned or flattened
+    size: tuple[int, int] | None = field(default=None, repr=False)  # the page the boxes are on
 
     def as_dict(self) -> dict[str, Any]:
         """The page as the API shows it (`error` in OpenAI's shape, only when it failed)."""
@@ -67,7 +70,7 @@ class PageResult:
             "finish_reason": self.finish_reason,
             "usage": self.usage,
         }
-        for name in ("image", "html", "markdown", "blocks", "images", "spotting"):  # those it has
+        for name in ("image", "html", "markdown", "blocks", "images", "spotting", "angle"):
             if (value := getattr(self, name)) is not None:
                 shown[name] = value
         if self.error is not None:

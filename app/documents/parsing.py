@@ -55,13 +55,15 @@ async def parse_page(
     """Page `index` of `job` read block by block; its error in the result when it failed."""
     number = index + 1
     try:
-        page = await tools.preprocessor.run(crops.layout_page, job.source, index)
         assert job.layout is not None  # noqa: S101 (the caller's choice of pipeline)
-        boxes = await tools.layouts.detect(
+        lossless = job.layout.preprocessing
+        page = await tools.preprocessor.run(crops.layout_page, job.source, index, lossless)
+        found = await tools.layouts.locate(
             page.url, (page.width, page.height), job.layout, f"{parent.request_id}-p{number}"
         )
+        boxes = found.boxes
         plan: PagePlan = await tools.preprocessor.run(
-            crops.prepare, job.source, index, boxes, job.layout
+            crops.prepare, job.source, index, boxes, job.layout, found.image
         )
         replies, first_error = await _read_blocks(job, number, plan, tools, (parent, receive))
         parsed: markdown.Parsed = await tools.preprocessor.run(
@@ -81,8 +83,9 @@ async def parse_page(
         return PageResult(number, error=first_error)
     return PageResult(
         number, parsed.markdown, parsed.finish_reason, parsed.usage,
-        image=page.url if job.page_images else None, markdown=parsed.markdown,
+        image=(found.image or page.url) if job.page_images else None, markdown=parsed.markdown,
         blocks=parsed.blocks, images=parsed.images if job.layout.images else None, boxes=boxes,
+        angle=found.angle, corrected=found.image, size=found.size,
     )  # fmt: skip
 
 

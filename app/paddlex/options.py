@@ -161,7 +161,19 @@ def layout_options(
         images=request.returnMarkdownImages,
         ocr_images=bool(request.useOcrForImageBlock),
         pixels=kinds,
+        orientation=preprocessing(request)[0],
+        unwarp=preprocessing(request)[1],
     )
+
+
+def preprocessing(request: InferRequest) -> tuple[bool, bool]:
+    """(orientation, unwarping) as PaddleX's pipeline runs them: neither unless one is asked
+    for, and then each unless it is sent false (its DocPreprocessor's own defaults are on: a
+    request with `useDocOrientationClassify` alone is also unwarped)."""
+    asked = (request.useDocOrientationClassify, request.useDocUnwarping)
+    if True not in asked:
+        return False, False
+    return asked[0] is not False, asked[1] is not False
 
 
 def _per_class(value: Any) -> Any:

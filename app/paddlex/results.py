@@ -48,7 +48,7 @@ def settings_of(request: InferRequest, layout: LayoutOptions | None) -> dict[str
     seal = layout.seal if layout is not None else label == "seal"
     ignored = request.markdownIgnoreLabels
     return {
-        "use_doc_preprocessor": False,
+        "use_doc_preprocessor": layout is not None and layout.preprocessing,
         "use_layout_detection": layout is not None,
         "use_chart_recognition": chart or bool(request.useChartRecognition),
         "use_seal_recognition": seal or bool(request.useSealRecognition),
@@ -61,13 +61,23 @@ def settings_of(request: InferRequest, layout: LayoutOptions | None) -> dict[str
 
 
 def page_of(
-    result: PageResult, size: tuple[int, int], settings: dict[str, Any], label: str
+    result: PageResult,
+    size: tuple[int, int],
+    settings: dict[str, Any],
+    label: str,
+    steps: dict[str, bool] | None = None,
 ) -> Page:
     """The read page as PaddleX's page result: its blocks (with a layout) or one block of
-    `label` over the whole page (without), its size and its layout boxes."""
-    width, height = size
+    `label` over the whole page (without), its size and its layout boxes; `steps`: the document
+    preprocessing's `model_settings` (`doc_preprocessor_res`, its `angle` -1 when unclassified)."""
+    width, height = result.size or size  # the corrected page's, when the service changed it
     page: dict[str, Any] = {"page_count": None, "width": width, "height": height}
     page["model_settings"] = settings
+    if settings["use_doc_preprocessor"]:
+        page["doc_preprocessor_res"] = {
+            "model_settings": steps,
+            "angle": -1 if result.angle is None else result.angle,
+        }
     if not settings["use_layout_detection"]:
         if result.spotting is not None:  # read, loops cut, by the page's own reader (fanout)
             page["spotting_res"] = {

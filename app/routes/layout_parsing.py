@@ -39,7 +39,8 @@ from app.state import Context, Gateway, GatewayDep
 
 router = APIRouter(route_class=PaddleXRoute)
 Body = TypeVar("Body", InferRequest, RestructurePagesRequest)
-Visuals = tuple[str, str | None]
+Visuals = tuple[str, dict[str, str]]
+STEPS = ("use_doc_orientation_classify", "use_doc_unwarping")
 
 
 @router.post("/layout-parsing")
@@ -72,14 +73,17 @@ async def layout_parsing(
         read = await _read(job, request, gateway, context, cleanup)
         settings = results.settings_of(infer, layout)
         label, sizes = infer.promptLabel or "ocr", found.sizes
-        made = [results.page_of(p, n, settings, label) for p, n in zip(read, sizes, strict=True)]
+        steps = dict(zip(STEPS, options.preprocessing(infer), strict=True))
+        made = [
+            results.page_of(p, n, settings, label, steps) for p, n in zip(read, sizes, strict=True)
+        ]
         writing = results.Writing(
             infer.prettifyMarkdown, infer.showFormulaNumber, infer.restructurePages,
             infer.mergeTables, infer.relevelTitles,
         )  # fmt: skip
         entries: list[dict[str, Any]] = await gateway.documents.run(results.written, made, writing)
         visualize = infer.visualize is not False  # PaddleX's server default: on
-        shown = await _visuals(gateway, source, made) if visualize else None
+        shown = await _visuals(gateway, source, made, read) if visualize else None
     _with_images(entries, read if infer.returnMarkdownImages else None, shown)
     return await success(request, {"layoutParsingResults": entries, "dataInfo": found.data_info()})
 
@@ -126,9 +130,7 @@ def _with_images(
             images = read[n].images or {}
             entry["markdown"]["images"] = {k: v.partition(",")[2] for k, v in images.items()}
         if shown is not None:
-            base, drawn = shown[n]
-            entry["outputImages"] = {"layout_det_res": drawn} if drawn is not None else {}
-            entry["inputImage"] = base
+            entry["inputImage"], entry["outputImages"] = shown[n]
 
 
 async def _body(request: Request, gateway: Gateway, model: type[Body]) -> Body:
@@ -248,11 +250,19 @@ async def _read(
     return done
 
 
-async def _visuals(gateway: Gateway, source: Source, made: Sequence[Page]) -> list[Visuals]:
-    """Each page's `inputImage` and its layout drawn (none without one), in the page workers."""
+async def _visuals(
+    gateway: Gateway, source: Source, made: Sequence[Page], read: Sequence[PageResult]
+) -> list[Visuals]:
+    """Each page's `inputImage` and `outputImages`: its layout drawn (none without one) on the
+    page it was found on, and the preprocessing's `preprocessed_img`, in the page workers."""
     drawn = []
-    for index, page in enumerate(made):
+    for index, (page, result) in enumerate(zip(made, read, strict=True)):
         boxes = page.result["layout_det_res"]["boxes"] if "layout_det_res" in page.result else None
-        drawn.append(gateway.documents.run(pages.visualize, source, index, boxes))
+        steps = page.result.get("doc_preprocessor_res")
+        drawn.append(
+            gateway.documents.run(
+                pages.visualize, source, index, boxes, pages.Corrected.of(result, steps)
+            )
+        )
     shown: list[Visuals] = await asyncio.gather(*drawn)
     return shown

@@ -221,8 +221,8 @@ async def test_a_pdf_counts_its_pages_under_the_keys_usage_and_restructures() ->
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("useDocOrientationClassify", True),
-        ("useDocUnwarping", True),
+        ("useDocOrientationClassify", "sideways"),
+        ("useDocUnwarping", [1]),
         ("outputFormats", ["docx"]),
         ("vlmExtraArgs", {"ocr_min_pixels": "many"}),
         ("vlmExtraArgs", {"top_k": 5}),
@@ -417,3 +417,76 @@ async def test_a_full_temp_folder_is_a_503_in_the_envelope_and_leaves_no_file(
             assert not leftovers(tmp_path)
             assert fake.bodies == []
             await serves_on(client)
+
+
+def turned_png(angle: int) -> bytes:
+    """PNG's page as a scanner turned it: clockwise by `angle` (the service turns it back)."""
+    with Image.open(io.BytesIO(PNG)) as page:
+        turned = page.rotate(-angle, expand=True) if angle else page.copy()
+    out = io.BytesIO()
+    turned.save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("angle", [90, 180, 270])
+async def test_a_turned_page_reads_as_the_upright_one(angle: int) -> None:
+    """`useDocOrientationClassify` on a page turned by `angle`: the layout service (a stand-in
+    keeping the contract) finds `angle` and sends the upright page back; the blocks and the
+    markdown equal the upright page's, the page measures the upright size, and the answer
+    carries PaddleX's `doc_preprocessor_res` and its `preprocessed_img`."""
+    with services(angle=angle) as (fake, layout):
+        async with gateway(fake, layout) as client:
+            plain = {"file": b64(PNG), "visualize": False}
+            upright = (await client.post("/layout-parsing", json=plain)).json()["result"]
+            body = {"file": b64(turned_png(angle)), "useDocOrientationClassify": True}
+            response = await client.post("/layout-parsing", json=body)
+    assert response.status_code == 200, response.text
+    assert layout.seen[-1].overrides["orientation"] is True
+    assert layout.seen[-1].overrides["unwarp"] is True  # PaddleX's default beside orientation
+    [page] = response.json()["result"]["layoutParsingResults"]
+    [want] = upright["layoutParsingResults"]
+    pruned = page["prunedResult"]
+    assert pruned["doc_preprocessor_res"] == {
+        "model_settings": {"use_doc_orientation_classify": True, "use_doc_unwarping": True},
+        "angle": angle,
+    }
+    assert pruned["model_settings"]["use_doc_preprocessor"] is True
+    assert (pruned["width"], pruned["height"]) == (600, 800)
+    assert pruned["parsing_res_list"] == want["prunedResult"]["parsing_res_list"]
+    assert page["markdown"]["text"] == want["markdown"]["text"]
+    assert set(page["outputImages"]) == {"layout_det_res", "preprocessed_img"}
+
+
+async def test_unwarping_alone_has_no_angle_and_a_layout_less_read_refuses_it() -> None:
+    """`useDocUnwarping` with `useDocOrientationClassify: false`: `angle` -1 as PaddleX reports
+    an unclassified page (sent alone, PaddleX's preprocessor classifies too, as here); with
+    `useLayoutDetection: false` it cannot apply here: 422 naming it."""
+    with services() as (fake, layout):
+        async with gateway(fake, layout) as client:
+            alone = {"file": b64(PNG), "useDocUnwarping": True, "visualize": False}
+            both = (await client.post("/layout-parsing", json=alone)).json()["result"]
+            body = {**alone, "useDocOrientationClassify": False}
+            response = await client.post("/layout-parsing", json=body)
+            refused = await client.post(
+                "/layout-parsing", json={**body, "useLayoutDetection": False}
+            )
+    assert response.status_code == 200, response.text
+    pruned = response.json()["result"]["layoutParsingResults"][0]["prunedResult"]
+    assert pruned["doc_preprocessor_res"] == {
+        "model_settings": {"use_doc_orientation_classify": False, "use_doc_unwarping": True},
+        "angle": -1,
+    }
+    steps = both["layoutParsingResults"][0]["prunedResult"]["doc_preprocessor_res"]
+    assert steps["model_settings"]["use_doc_orientation_classify"] is True
+    assert "`useDocUnwarping`" in envelope_error(refused, 422)
+
+
+async def test_a_layout_service_without_the_model_is_not_available_here() -> None:
+    """The layout service answers 400 `model_not_loaded`: the request is a 422 saying the
+    option is not available on this deployment, never a 5xx."""
+    with services(mode="status", status=400) as (fake, layout):
+        layout.error_code = "model_not_loaded"
+        async with gateway(fake, layout) as client:
+            body = {"file": b64(PNG), "useDocOrientationClassify": True}
+            message = envelope_error(await client.post("/layout-parsing", json=body), 422)
+    assert "not available on this deployment" in message

@@ -29,6 +29,8 @@ OPTIONS: list[dict[str, Any]] = [
     {},
     {"fileType": None},
     {"useDocOrientationClassify": False, "useDocUnwarping": False, "useOcrForImageBlock": False},
+    {"useDocOrientationClassify": True, "useDocUnwarping": True, "visualize": True},
+    {"useDocUnwarping": True},
     {"useLayoutDetection": True, "useChartRecognition": True, "useSealRecognition": True},
     {"layoutThreshold": 0.5, "layoutNms": False, "layoutUnclipRatio": 1.2},
     {"layoutThreshold": {"22": 0.4}, "layoutUnclipRatio": {"22": [1.0, 1.1]}},
@@ -70,6 +72,7 @@ REFUSED_BY_BOTH: list[dict[str, Any]] = [
     {"outputFormats": ["pdf"]},
     {"visualize": "perhaps"},
     {"useOcrForImageBlock": "maybe"},
+    {"useDocOrientationClassify": "sideways"},
     {"vlmExtraArgs": [1]},
 ]
 TAKEN_BY_BOTH: list[dict[str, Any]] = [
@@ -104,7 +107,8 @@ def answers() -> dict[str, list[dict[str, Any]]]:
                     response = await client.post("/restructure-pages", json=body)
                     assert response.status_code == 200, response.text
                     got["restructure"].append(response.json())
-                for body in ({"file": "%%%"}, {"file": b64(PNG), "useDocUnwarping": True}):
+                refused = {"file": b64(PNG), "useDocUnwarping": True, "useLayoutDetection": False}
+                for body in ({"file": "%%%"}, refused):
                     got["error"].append((await client.post("/layout-parsing", json=body)).json())
                 unauthorized = await client.post("/restructure-pages", json={}, headers={})
                 got["error"].append(unauthorized.json())
