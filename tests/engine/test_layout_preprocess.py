@@ -48,13 +48,17 @@ def test_the_classifier_gives_each_page_an_angle_alone_as_in_a_batch() -> None:
 
 @pytest.mark.parametrize("angle", [0, 90, 180, 270])
 def test_a_page_is_turned_counter_clockwise_as_paddlex_turns_it(angle: int) -> None:
-    """rotate_image's right angles: 90 puts the top-right corner at the top left."""
-    page = np.zeros((4, 6, 3), dtype=np.uint8)
-    page[0, 5] = 255  # top right
+    """rotate_image's right angles (OpenCV's warpAffine about w/2): the page turned
+    counter-clockwise, then shifted one pixel (down at 90, down and right at 180, right at
+    270), the edge it leaves black."""
+    page = np.full((4, 6, 3), 9, dtype=np.uint8)
+    page[1, 4] = 255
     out = turned(page, angle)
     assert out.shape[:2] == ((6, 4) if angle in (90, 270) else (4, 6))
-    corner = {0: (0, 5), 90: (0, 0), 180: (3, 0), 270: (5, 3)}[angle]
-    assert out[corner].tolist() == [255, 255, 255]
+    marker = {0: (1, 4), 90: (2, 1), 180: (3, 2), 270: (4, 3)}[angle]
+    assert out[marker].tolist() == [255, 255, 255]
+    black = {0: None, 90: out[0], 180: out[:, 0], 270: out[:, 0]}[angle]
+    assert black is None or not black.any()
 
 
 def test_unwarping_keeps_each_pages_size_in_one_pass() -> None:

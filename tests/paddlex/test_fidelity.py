@@ -71,7 +71,7 @@ def images_as_sizes(value: Any, key: str = "") -> Any:
     if isinstance(value, list):
         return [images_as_sizes(item, key) for item in value]
     if isinstance(value, str) and (key == "inputImage" or key.endswith(".jpg") or key in (
-        "layout_det_res",
+        "layout_det_res", "preprocessed_img",
     )):  # fmt: skip
         with Image.open(io.BytesIO(base64.b64decode(value))) as image:
             return (image.format, image.size)

@@ -48,11 +48,7 @@ OVERRIDES = {
     "unwarp": (bool,),
 }
 SHAPE_MODES = {"auto", "rect", "quad", "poly"}
-TURNS = {
-    90: Image.Transpose.ROTATE_90,
-    180: Image.Transpose.ROTATE_180,
-    270: Image.Transpose.ROTATE_270,
-}  # counter-clockwise
+SHIFTS = {90: (1, 0), 180: (1, 1), 270: (0, 1)}  # PaddleX's rotate_image: OpenCV's pixel
 Boxes = Callable[[int, int, int], list[dict[str, Any]]]
 
 
@@ -161,7 +157,7 @@ class LayoutStandin:
         if overrides.get("orientation"):
             result["angle"] = self.angle
             if self.angle:
-                page = page.transpose(TURNS[self.angle])
+                page = _turned(page, self.angle)
         if overrides.get("unwarp") or result.get("angle"):
             out = io.BytesIO()
             page.save(out, format="PNG")
@@ -190,6 +186,16 @@ class LayoutStandin:
         if overrides.get("layout_shape_mode", "auto") not in SHAPE_MODES:
             raise Complaint(f"`layout_shape_mode` is not one of {sorted(SHAPE_MODES)}")
         return [_size(url) for url in payload["images"]], overrides
+
+
+def _turned(page: Image.Image, angle: int) -> Image.Image:
+    """PaddleX's `rotate_image` at a right angle (the real service's `turned`): the page turned
+    counter-clockwise, shifted one pixel as OpenCV's rotation about `w/2` shifts it."""
+    rotated = page.rotate(angle, expand=True)  # exact at right angles
+    down, right = SHIFTS[angle]
+    out = Image.new("RGB", rotated.size, "black")
+    out.paste(rotated.crop((0, 0, rotated.width - right, rotated.height - down)), (right, down))
+    return out
 
 
 def _size(url: object) -> tuple[int, int]:

@@ -2,8 +2,11 @@
 
 PaddleX's `DocPreprocessor` (`pipelines/doc_preprocessor/pipeline.py`) classifies each page
 into 0, 90, 180 or 270 degrees (the label's name is the angle) and turns it back with
-`rotate_image(img, angle)`: counter-clockwise by `angle`, the canvas grown to fit, which for a
-right angle is an exact transposition (Pillow's `transpose` here). The classifier reads the
+`rotate_image(img, angle)`: OpenCV's `warpAffine` counter-clockwise by `angle` about the
+page's centre, the canvas grown to fit. At a right angle that is the page's exact rotation
+shifted by one pixel (down at 90, down and right at 180, right at 270: the centre is `w/2`,
+not `(w-1)/2`), the row or column it leaves black; `turned` makes exactly that (checked
+against PaddleX's own function on pages of odd and even sizes). The classifier reads the
 page as transformers' `PPLCNetImageProcessor` prepares it (the short side resized to 256,
 bilinear; a centred 224 x 224 crop; 1/255; its mean and standard deviation), written with torch
 alone: the processor needs torchvision, which the engine venv leaves out.
@@ -14,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from transformers import PPLCNetForImageClassification
 
 from ocrvl_layout.model import CheckpointError, checkpoint_folder, place
@@ -23,11 +25,7 @@ RESIZE_SHORT = 256
 CROP = 224
 MEAN = (0.406, 0.456, 0.485)  # PPLCNetImageProcessor's
 STD = (0.225, 0.224, 0.229)
-TURNS = {
-    90: Image.Transpose.ROTATE_90,
-    180: Image.Transpose.ROTATE_180,
-    270: Image.Transpose.ROTATE_270,
-}  # counter-clockwise, as cv2.getRotationMatrix2D's positive angle
+SHIFTS = {90: (1, 0), 180: (1, 1), 270: (0, 1)}  # rotate_image's (down, right) shift
 
 
 class OrientationModel:
@@ -85,7 +83,13 @@ def _centre_crop(image: torch.Tensor, side: int) -> torch.Tensor:
 
 
 def turned(page: np.ndarray, angle: int) -> np.ndarray:
-    """`rotate_image(page, angle)`: the page turned counter-clockwise by `angle`."""
+    """`rotate_image(page, angle)`: the page turned counter-clockwise by `angle`, shifted by
+    OpenCV's pixel."""
     if angle == 0:
         return page
-    return np.asarray(Image.fromarray(page).transpose(TURNS[angle]))
+    rotated = np.rot90(page, angle // 90)  # counter-clockwise
+    down, right = SHIFTS[angle]
+    out = np.zeros_like(rotated)
+    height, width = rotated.shape[:2]
+    out[down:, right:] = rotated[: height - down, : width - right]
+    return out
