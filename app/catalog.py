@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from app.errors import ModelNotFound, quoted
@@ -18,12 +19,26 @@ ALIASES = (
 )
 
 
+VERSION = re.compile(r"PaddleOCR-VL(?:-(\d+\.\d+))?(?:-0\.9B)?$", re.IGNORECASE)
+
+
+def version(name: str) -> str:
+    """The PaddleOCR-VL version a name says (`1.6`; `1.0` for the first's `PaddleOCR-VL-0.9B`
+    and `PaddleOCR-VL`), from its last path segment (`PaddlePaddle/PaddleOCR-VL-1.6`); "" for
+    a name that says none (a served name of the operator's own)."""
+    match = VERSION.match(name.rsplit("/", 1)[-1])
+    return "" if match is None else match.group(1) or "1.0"
+
+
 def resolve(requested: str, served: dict[str, dict[str, Any]]) -> str:
-    """The served model name that `requested` names, or an error saying what is known."""
+    """The served model name that `requested` names, or an error saying what is known. An alias
+    goes to a served model of its version when one is (a gateway in front of 1.5 and 1.6
+    engines keeps PaddleOCR's `pipeline_version` apart), else to the first served model."""
     if requested in served:
         return requested
     if requested in ALIASES:
-        return next(iter(served))
+        wanted = version(requested)
+        return next((name for name in served if version(name) == wanted), next(iter(served)))
     known = ", ".join([*served, *(a for a in ALIASES if a not in served)])
     raise ModelNotFound(
         f"the model {quoted(requested)} does not exist; known models: {known}", param="model"

@@ -48,6 +48,12 @@
 #   LAYOUT_MODEL=DIR|NAME its checkpoint (default: MODEL=tiny, TINY_LAYOUT_DIR, built when
 #                         missing; otherwise PaddlePaddle/PP-DocLayoutV3_safetensors, from the
 #                         Hugging Face cache)
+#   ORIENTATION_MODEL, UNWARPING_MODEL=DIR|NAME|off
+#                         the document preprocessing checkpoints it loads beside PP-DocLayoutV3
+#                         (requests' `orientation` and `unwarp`, docs/layout.md): default with
+#                         MODEL=tiny TINY_PREPROCESS_DIR's (built when missing), otherwise
+#                         PaddlePaddle/PP-LCNet_x1_0_doc_ori_safetensors and
+#                         PaddlePaddle/UVDoc_safetensors from the Hugging Face cache; off: none
 #   LAYOUT_PORT           its port on loopback (default 8300); LAYOUT_ARGS more of its flags
 #                         (e.g. "--compile"; docs/layout.md); LAYOUT_PYTHON the Python it runs in
 #                         (default the engine's: the venv's on the CPU, the one beside the GPU
@@ -106,12 +112,21 @@ run() { if [ -n "$dry" ]; then echo "would run: $*"; else "$@"; fi; }
 stop_grace=${STOP_GRACE_S:-10}
 
 layout_model=${LAYOUT_MODEL:-PaddlePaddle/PP-DocLayoutV3_safetensors}
+orientation_model=${ORIENTATION_MODEL:-PaddlePaddle/PP-LCNet_x1_0_doc_ori_safetensors}
+unwarping_model=${UNWARPING_MODEL:-PaddlePaddle/UVDoc_safetensors}
 if [ "$model" = tiny ]; then
   model=${TINY_MODEL_DIR:-.cache/tiny-model}
   [ -f "$model/config.json" ] || run "$venv/bin/python" -m tests.support.tiny_model "$model"
   layout_model=${LAYOUT_MODEL:-${TINY_LAYOUT_DIR:-.cache/tiny-layout}}
   if [ "$layout" = on ] && [ -z "${LAYOUT_MODEL:-}" ] && [ ! -f "$layout_model/config.json" ]; then
     run "$venv/bin/python" -m tests.support.tiny_layout "$layout_model"
+  fi
+  preprocess_dir=${TINY_PREPROCESS_DIR:-.cache/tiny-preprocess}
+  orientation_model=${ORIENTATION_MODEL:-$preprocess_dir/orientation}
+  unwarping_model=${UNWARPING_MODEL:-$preprocess_dir/unwarping}
+  if [ "$layout" = on ] && [ -z "${ORIENTATION_MODEL:-}${UNWARPING_MODEL:-}" ] &&
+     [ ! -f "$preprocess_dir/unwarping/config.json" ]; then
+    run "$venv/bin/python" -m tests.support.tiny_preprocess "$preprocess_dir"
   fi
 fi
 
@@ -196,8 +211,12 @@ if [ "$layout" = on ]; then
   fi
   layout_batch=()
   [ -z "$layout_max_batch" ] || layout_batch=(--max-batch "$layout_max_batch")
+  preprocessing=()
+  [ "$orientation_model" = off ] || preprocessing+=(--orientation-model "$orientation_model")
+  [ "$unwarping_model" = off ] || preprocessing+=(--unwarping-model "$unwarping_model")
   layout_command=("$layout_python" -m ocrvl_layout --model "$layout_model" --host 127.0.0.1
-                  --port "$layout_port" "${layout_batch[@]}" "${layout_args[@]}")
+                  --port "$layout_port" "${preprocessing[@]}" "${layout_batch[@]}"
+                  "${layout_args[@]}")
   export OCRVL_LAYOUT_URL="http://127.0.0.1:$layout_port"
 fi
 

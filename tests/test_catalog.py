@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.catalog import ALIASES
+from app.catalog import ALIASES, resolve
 from tests.support.fake_backend import SERVED, FakeVLLM
 
 pytestmark = pytest.mark.anyio
@@ -51,3 +51,28 @@ async def test_unknown_model_is_404_listing_known_names(
     for name in (SERVED, *ALIASES):
         assert name in error["message"]
     assert fake.bodies == []
+
+
+@pytest.mark.parametrize(
+    ("alias", "served"),
+    [
+        ("PaddleOCR-VL-1.6-0.9B", "PaddlePaddle/PaddleOCR-VL-1.6"),
+        ("PaddleOCR-VL-1.6", "PaddlePaddle/PaddleOCR-VL-1.6"),
+        ("PaddleOCR-VL-1.5-0.9B", "PaddleOCR-VL-1.5-0.9B"),
+        ("PaddleOCR-VL-0.9B", "paddleocr-vl-0.9b"),
+        ("PaddleOCR-VL", "paddleocr-vl-0.9b"),
+    ],
+)
+def test_an_alias_goes_to_the_served_model_of_its_version(alias: str, served: str) -> None:
+    """With 1.0, 1.5 and 1.6 served side by side, PaddleOCR's name for a pipeline version
+    (`PaddleOCR-VL-1.6-0.9B` for its default `v1.6`) reaches that version's model."""
+    models = {name: {"id": name} for name in (
+        "PaddleOCR-VL-1.5-0.9B", "PaddlePaddle/PaddleOCR-VL-1.6", "paddleocr-vl-0.9b",
+    )}  # fmt: skip
+    assert resolve(alias, models) == served
+
+
+def test_an_alias_of_a_version_not_served_goes_to_the_first_served_model() -> None:
+    """Only 1.5 served: PaddleOCR 3.7's default `PaddleOCR-VL-1.6-0.9B` still reads (as before)."""
+    models = {"mine": {"id": "mine"}, "PaddleOCR-VL-1.5-0.9B": {"id": "PaddleOCR-VL-1.5-0.9B"}}
+    assert resolve("PaddleOCR-VL-1.6-0.9B", models) == "mine"

@@ -147,8 +147,9 @@ def window(box: Box, width: int, height: int) -> tuple[int, int, int, int]:
 
 
 def image_labels(options: LayoutOptions) -> tuple[str, ...]:
-    """Labels kept as images, never sent (get_layout_parsing_results' `image_labels`)."""
-    labels = list(IMAGE_LABELS)
+    """Labels kept as images, never sent (get_layout_parsing_results' `image_labels`); image
+    blocks are read with "OCR:" when `ocr_images` (`use_ocr_for_image_block`)."""
+    labels = [] if options.ocr_images else list(IMAGE_LABELS)
     if not options.chart:
         labels.append("chart")
     if not options.seal:
@@ -176,6 +177,15 @@ def ask(label: str, options: LayoutOptions) -> str | None:
     if label == "seal" and options.seal:
         return PROMPTS["seal"]
     return PROMPTS["text"]
+
+
+def bounds(prompt: str, options: LayoutOptions, default: tuple[int, int]) -> tuple[int, int]:
+    """The (min, max) pixels a block read with `prompt` goes with: its kind's from `pixels`
+    (`ocr`, `table`, `chart`, `formula`, `seal`: `vlmExtraArgs`' `ocr_min_pixels`, …), else
+    the document's."""
+    kind = next((name for name, text in PROMPTS.items() if text == prompt), "text")
+    chosen = (options.pixels or {}).get("ocr" if kind == "text" else kind)
+    return (chosen[0], chosen[1]) if chosen else default
 
 
 def merge(

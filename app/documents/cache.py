@@ -40,7 +40,12 @@ from app.store.results import ResultsCache
 
 log = logging.getLogger("ocrvl.cache")
 PIPELINE_VERSION = 1  # bump when the pipeline answers the same page differently
-KEPT = ("text", "finish_reason", "usage", "html", "markdown", "blocks", "images")
+# what a page's answer is made of (its number and `image` are the request's); `corrected` and
+# `size` are the page the layout service turned or flattened, which /layout-parsing draws on
+KEPT = (
+    "text", "finish_reason", "usage", "html", "markdown", "blocks", "images", "empty",
+    "spotting", "angle", "corrected", "size",
+)  # fmt: skip
 Work = Callable[[RenderedPage | None], Awaitable[PageResult]]
 
 
@@ -144,6 +149,8 @@ def answered(number: int, body: bytes) -> PageResult:
     """Page `number` as the cache kept it, marked cached."""
     shown = orjson.loads(body)
     boxes = shown.pop("boxes", None)
+    if shown.get("size") is not None:
+        shown["size"] = tuple(shown["size"])
     result = PageResult(number, cached=True, **shown)
     if boxes is not None:
         result.boxes = [

@@ -15,6 +15,7 @@ see behind PaddleX's pipeline. Each step names the PaddleX function it mirrors.
 
 from __future__ import annotations
 
+import base64
 import io
 import math
 from collections.abc import Sequence
@@ -53,6 +54,7 @@ class PlannedBlock:
     prompt: str | None = None  # None: not sent (kept as an image, merged into another, empty)
     url: str | None = None  # the crop the model reads (JPEG data URL)
     tokens: int = 0  # its visual tokens at its pixel bounds
+    pixels: tuple[int, int] | None = None  # (min, max) pixels it is read with
     image_path: str | None = None  # the figure's markdown path (labels kept as images)
     dropped: bool = False  # a figure inside a table: shown by the table, not as a block
     token_map: dict[str, str] = field(default_factory=dict)  # a table's [F<n>] -> figure path
@@ -71,11 +73,20 @@ class PagePlan:
     images: dict[str, str]  # markdown path -> JPEG data URL (empty unless asked for)
 
 
-def layout_page(source: raster.Source, index: int) -> LayoutPage:
-    """The page at full resolution as a JPEG data URL (coordinates come back in its pixels)."""
+def layout_page(source: raster.Source, index: int, lossless: bool = False) -> LayoutPage:
+    """The page at full resolution as a JPEG data URL (coordinates come back in its pixels);
+    `lossless`: a PNG, for a page the service sends back corrected, whose blocks are then cut
+    from what it sent back (so they are the page's own pixels, as PaddleX cuts them)."""
     page = raster.page_image(source, index)
-    url = resize.data_url(resize.encode(page, "JPEG"))
+    fmt = "PNG" if lossless else "JPEG"
+    url = resize.data_url(resize.encode(page, fmt), fmt)
     return LayoutPage(url, page.width, page.height)
+
+
+def _opened(url: str) -> Image.Image:
+    """The corrected page the layout service sent back (its own PNG, RGB)."""
+    with Image.open(io.BytesIO(base64.b64decode(url.partition(",")[2]))) as image:
+        return image.convert("RGB")
 
 
 def jpeg_url(image: Image.Image) -> str:
@@ -86,10 +97,15 @@ def jpeg_url(image: Image.Image) -> str:
 
 
 def prepare(
-    source: raster.Source, index: int, boxes: Sequence[Box], options: LayoutOptions
+    source: raster.Source,
+    index: int,
+    boxes: Sequence[Box],
+    options: LayoutOptions,
+    corrected: str | None = None,
 ) -> PagePlan:
-    """Every block of page `index` under the layout `boxes` (the service's, in reading order)."""
-    page = raster.page_image(source, index)
+    """Every block of page `index` under the layout `boxes` (the service's, in reading order);
+    cut from `corrected` (a data URL) when the layout service turned or flattened the page."""
+    page = _opened(corrected) if corrected is not None else raster.page_image(source, index)
     kept = blocks.filter_overlaps(boxes, options.shape_mode)
     cuts = _Cuts(
         page, kept, [cut(page, box, options.shape_mode) for box in kept],
@@ -166,9 +182,8 @@ def _block(slot: Slot, cuts: _Cuts) -> PlannedBlock:
             image = trimmed
     image, block.guard = guard(image)
     block.prompt, block.url = prompt, jpeg_url(image)
-    height, width = resize.smart_resize(
-        image.height, image.width, source.min_pixels, source.max_pixels
-    )
+    block.pixels = blocks.bounds(prompt, options, (source.min_pixels, source.max_pixels))
+    height, width = resize.smart_resize(image.height, image.width, *block.pixels)
     block.tokens = (height // resize.FACTOR) * (width // resize.FACTOR)
     return block
 

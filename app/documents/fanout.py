@@ -19,7 +19,7 @@ from starlette.types import Message, Receive
 
 from app.chat import ChatRequest
 from app.context import RequestContext
-from app.documents import otsl
+from app.documents import answers, otsl, spotting
 from app.documents.cache import PageCache
 from app.documents.errors import DocumentError
 from app.documents.job import PROMPTS, OcrJob, PageResult
@@ -126,7 +126,7 @@ async def _page(
         response = await relay.complete(
             page_request(job, rendered), job.model, context, disconnect.receive
         )
-        result = read_answer(number, bytes(response.body), job.task)
+        result = read_answer(number, bytes(response.body), job.task, rendered.page_size)
         if job.page_images:
             result.image = rendered.url
     except DocumentError as exc:
@@ -162,6 +162,8 @@ def page_request(job: OcrJob, page: RenderedPage) -> ChatRequest:
             "max_pixels": job.source.max_pixels,
         },
     }
+    if job.task == "spotting":  # its locations are special tokens (app/documents/spotting.py)
+        payload["skip_special_tokens"] = False
     payload["max_tokens"] = page_max_tokens(job)
     return ChatRequest(payload=payload, raw=orjson.dumps(payload), model=job.model, stream=False)
 
@@ -176,9 +178,16 @@ def page_max_tokens(job: OcrJob) -> int:
     return min(BLOCK_MAX_TOKENS, job.model_len) if job.model_len else BLOCK_MAX_TOKENS
 
 
-def read_answer(number: int, body: bytes, task: str) -> PageResult:
-    """The page's text (a table also as HTML) from the backend's chat completion;
-    UpstreamError when the answer is none (read as a block's is: parsing.read_block)."""
+def read_answer(
+    number: int, body: bytes, task: str, size: tuple[int, int] | None = None
+) -> PageResult:
+    """The page's text (a table also as HTML; spotted regions with their polygons in the
+    pixels of the page, `size`, the answer first cut of loops as PaddleX cuts a block's) from
+    the backend's chat completion; UpstreamError when there is none (parsing.read_block)."""
     text, finish_reason, usage = read_block(body)
     html = otsl.to_html(text) if task == "table" and otsl.is_otsl(text) else None
-    return PageResult(number, text, finish_reason, usage, html)
+    spotted = None
+    if task == "spotting" and size is not None:
+        text, regions = spotting.read(answers.content(task, text), *size)
+        spotted = [{"text": r.text, "polygon": [list(p) for p in r.polygon]} for r in regions]
+    return PageResult(number, text, finish_reason, usage, html, spotting=spotted)

@@ -61,6 +61,10 @@ class PageResult:
     boxes: list[Box] | None = field(default=None, repr=False)  # with a layout: the service's
     cached: bool = False  # answered from the results cache (app/documents/cache.py)
     empty: str | None = None  # with a layout, why the page has no text: NO_BLOCKS
+    spotting: list[dict[str, Any]] | None = field(default=None, repr=False)  # task spotting
+    angle: int | None = None  # with `orientation`: the page was turned counter-clockwise by it
+    corrected: str | None = field(default=None, repr=False)  # the page turned or flattened
+    size: tuple[int, int] | None = field(default=None, repr=False)  # the page the boxes are on
 
     def as_dict(self) -> dict[str, Any]:
         """The page as the API shows it (`error` in OpenAI's shape, only when it failed)."""
@@ -70,7 +74,7 @@ class PageResult:
             "finish_reason": self.finish_reason,
             "usage": self.usage,
         }
-        for name in ("image", "html", "markdown", "blocks", "images", "empty"):  # those it has
+        for name in ("image", "html", "markdown", "blocks", "images", "empty", "spotting", "angle"):
             if (value := getattr(self, name)) is not None:
                 shown[name] = value
         if self.cached:

@@ -52,6 +52,17 @@ class LayoutOptions:
     pretty: bool = True  # markdown as PaddleX's default (centred HTML); False: plain markdown
     formula_number: bool = False  # a formula's number merged into it as \tag*{}
     images: bool = True  # the figure crops the markdown references come back as data URLs
+    ocr_images: bool = False  # image blocks read with "OCR:" too, their text under the figure
+    # pixel bounds by prompt ("ocr", "table", "chart", "formula", "seal"): [min, max]; a
+    # prompt left out takes the document's (PaddleX's `vlmExtraArgs` `ocr_min_pixels`, …)
+    pixels: dict[str, list[int]] | None = None
+    orientation: bool = False  # each page's orientation classified and turned upright first
+    unwarp: bool = False  # each page flattened first (UVDoc), in the layout service
+
+    @property
+    def preprocessing(self) -> bool:
+        """Whether the layout service corrects the page before finding its layout."""
+        return self.orientation or self.unwarp
 
     def service_overrides(self) -> dict[str, Any]:
         """The overrides the layout service takes (issue 36's API), the unset ones left out."""
@@ -61,6 +72,8 @@ class LayoutOptions:
             "layout_unclip_ratio": self.unclip_ratio,
             "layout_merge_bboxes_mode": self.merge_bboxes_mode,
             "layout_shape_mode": self.shape_mode,
+            "orientation": self.orientation or None,  # sent only when asked
+            "unwarp": self.unwarp or None,
         }
         return {name: value for name, value in fields.items() if value is not None}
 
@@ -91,6 +104,9 @@ def parse_layout(fields: dict[str, Any]) -> tuple[str, LayoutOptions]:
         pretty=bool(_flag(fields, "prettify_markdown", True)),
         formula_number=bool(_flag(fields, "show_formula_number", False)),
         images=bool(_flag(fields, "markdown_images", True)),
+        ocr_images=bool(_flag(fields, "ocr_image_blocks", False)),
+        orientation=bool(_flag(fields, "orientation", False)),
+        unwarp=bool(_flag(fields, "unwarp", False)),
     )
     return mode, options
 

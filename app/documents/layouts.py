@@ -9,7 +9,13 @@ waits longer than that. The API (issue 36, docs/layout.md):
 
     POST {url}/v1/layout  {"images": ["data:image/jpeg;base64,…"], overrides…}
     200 {"results": [{"width", "height", "boxes": [{"cls_id", "label", "score",
-         "coordinate": [x1, y1, x2, y2], "order", "polygon_points"?}]}]}
+         "coordinate": [x1, y1, x2, y2], "order", "polygon_points"?}],
+         "angle"?, "image"?}]}
+
+With `orientation` or `unwarp` asked, a result carries `angle` (orientation) and `image`, the
+corrected page as a data URL, whenever the page changed; its size and boxes are that image's.
+A service without the step's model answers 400 `model_not_loaded`: the option is not available
+on this deployment (a 400 naming it, never a 5xx).
 """
 
 from __future__ import annotations
@@ -126,6 +132,12 @@ class LayoutService:
     ) -> list[Box]:
         """The layout boxes of one page (`size`: its width and height as sent), in reading
         order; LayoutUnavailable (503) or UpstreamError (502, a malformed answer) otherwise."""
+        return (await self.locate(image_url, size, options, request_id)).boxes
+
+    async def locate(
+        self, image_url: str, size: tuple[int, int], options: LayoutOptions, request_id: str
+    ) -> Located:
+        """`detect`, with what the service's preprocessing did to the page."""
         body = orjson.dumps({"images": [image_url], **options.service_overrides()})
         headers = {"content-type": "application/json", "x-request-id": request_id}
         tried: set[str] = set()
@@ -150,19 +162,32 @@ class LayoutService:
                 ) from None
             finally:
                 endpoint.in_flight -= 1
-            return _boxes(endpoint.url, response, size, self)
+            return _located(endpoint.url, response, size, self)
         why = self.problems() or "none is configured"
         raise self.unavailable(f"no layout service is ready ({why})")
 
 
-def _boxes(
+@dataclass(frozen=True, slots=True)
+class Located:
+    """One page's layout: its boxes, and the page they refer to when the service corrected
+    it (`image`, a data URL, of `size`; `angle` when its orientation was classified)."""
+
+    boxes: list[Box]
+    size: tuple[int, int]
+    angle: int | None = None
+    image: str | None = None
+
+
+def _located(
     url: str, response: httpx.Response, size: tuple[int, int], service: LayoutService
-) -> list[Box]:
-    """The boxes of the service's answer, checked against the API."""
+) -> Located:
+    """The boxes of the service's answer (and the corrected page), checked against the API."""
     if response.status_code >= 500:
         raise service.unavailable(
             f"the layout service {url} answered {response.status_code}: {clip(response.text)}"
         )
+    if response.status_code == 400 and b"model_not_loaded" in response.content:
+        _not_loaded(response)
     if response.status_code != 200:
         raise UpstreamError(
             f"the layout service {url} refused the page ({response.status_code}): "
@@ -173,11 +198,31 @@ def _boxes(
         result = orjson.loads(response.content)["results"][0]
         measured = (result["width"], result["height"])
         boxes = [_box(item) for item in result["boxes"]]
+        angle, image = result.get("angle"), result.get("image")
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError) as exc:
         raise _malformed(url, str(exc)) from None
-    if measured != size:
-        raise _malformed(url, f"it measured the page {measured}, not {size} (width, height)")
-    return boxes
+    if angle not in (None, 0, 90, 180, 270) or not isinstance(image, str | None):
+        raise _malformed(url, f"its angle {angle!r} or its image is not the API's")
+    turned = (size[1], size[0]) if angle in (90, 270) else size
+    if image is None and measured != turned:
+        raise _malformed(url, f"it measured the page {measured}, not {turned} (width, height)")
+    if not all(type(v) is int and v > 0 for v in measured):
+        raise _malformed(url, f"the page's size {measured} is no size")
+    return Located(boxes, measured, angle, image)
+
+
+def _not_loaded(response: httpx.Response) -> None:
+    """A step the service has no model for: the option is not available here (400)."""
+    try:
+        error = orjson.loads(response.content)["error"]
+        param, message = str(error.get("param")), str(error.get("message"))
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return
+    raise InvalidRequest(
+        f"`{param}` is not available on this deployment: {clip(message)}",
+        param=param,
+        code="preprocessing_unavailable",
+    )
 
 
 def _malformed(url: str, why: str) -> UpstreamError:
@@ -205,7 +250,19 @@ def choose(
 ) -> tuple[LayoutOptions | None, str | None]:
     """The pipeline a document runs: its layout options (None: each page read whole) and, when
     `auto` fell back to whole pages, why. `on` with no service configured is a 400; `on` with
-    none ready a 503 (`waits`: a job's pages wait for one instead, as they wait for backends)."""
+    none ready a 503 (`waits`: a job's pages wait for one instead, as they wait for backends).
+    `orientation` and `unwarp` run in the layout service: they make `auto` mean `on`, and are a
+    400 with `off`."""
+    if options.preprocessing:
+        name = "orientation" if options.orientation else "unwarp"
+        if mode == "off":
+            raise InvalidRequest(
+                f"`{name}` runs in the layout pipeline and `layout` is off; send `layout=on` "
+                f"(or auto), or leave `{name}` out",
+                param=name,
+                code="invalid_value",
+            )
+        mode = "on"
     if mode == "off":
         return None, None
     if service is None:

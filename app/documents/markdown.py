@@ -273,7 +273,7 @@ def label_handlers(options: LayoutOptions, page_width: int) -> dict[str, Handler
     def caption(block: PlannedBlock, content: str) -> str:
         return _centered(content) if options.pretty else content
 
-    image = _image(page_width, False, options.pretty)
+    image = _image(page_width, options.ocr_images, options.pretty)
     seal = _image(page_width, options.seal, options.pretty)
     handlers: dict[str, Handler] = {
         "paragraph_title": _title, "abstract_title": _title, "reference_title": _title,

@@ -33,6 +33,7 @@ from app.proxy import Relay
 
 log = logging.getLogger("ocrvl.documents")
 BLOCK_MAX_TOKENS = 4096  # PaddleX's pipeline default (`max_new_tokens`) for a block
+PIXELS = ("min_pixels", "max_pixels")
 PROMPT_TOKENS = 64  # the chat template and the prompt around a block's image, at most
 
 
@@ -54,13 +55,15 @@ async def parse_page(
     """Page `index` of `job` read block by block; its error in the result when it failed."""
     number = index + 1
     try:
-        page = await tools.preprocessor.run(crops.layout_page, job.source, index)
         assert job.layout is not None  # noqa: S101 (the caller's choice of pipeline)
-        boxes = await tools.layouts.detect(
+        lossless = job.layout.preprocessing
+        page = await tools.preprocessor.run(crops.layout_page, job.source, index, lossless)
+        found = await tools.layouts.locate(
             page.url, (page.width, page.height), job.layout, f"{parent.request_id}-p{number}"
         )
+        boxes = found.boxes
         plan: PagePlan = await tools.preprocessor.run(
-            crops.prepare, job.source, index, boxes, job.layout
+            crops.prepare, job.source, index, boxes, job.layout, found.image
         )
         replies, first_error = await _read_blocks(job, number, plan, tools, (parent, receive))
         parsed: markdown.Parsed = await tools.preprocessor.run(
@@ -80,9 +83,10 @@ async def parse_page(
         return PageResult(number, error=first_error)
     return PageResult(
         number, parsed.markdown, parsed.finish_reason, parsed.usage,
-        image=page.url if job.page_images else None, markdown=parsed.markdown,
+        image=(found.image or page.url) if job.page_images else None, markdown=parsed.markdown,
         blocks=parsed.blocks, images=parsed.images if job.layout.images else None, boxes=boxes,
         empty=None if parsed.blocks else NO_BLOCKS,
+        angle=found.angle, corrected=found.image, size=found.size,
     )  # fmt: skip
 
 
@@ -158,16 +162,17 @@ def block_request(job: OcrJob, block: PlannedBlock) -> ChatRequest:
         "temperature": 0,
         **job.sampling,
         "skip_special_tokens": True,
-        "mm_processor_kwargs": {
-            "min_pixels": job.source.min_pixels,
-            "max_pixels": job.source.max_pixels,
-        },
+        "mm_processor_kwargs": dict(zip(PIXELS, block.pixels or _pixels(job), strict=True)),
     }
     limit = max_tokens(job, block.tokens)
     if limit is not None:
         payload["max_completion_tokens"] = limit
     raw = orjson.dumps(payload)
     return ChatRequest(payload, raw, job.model, stream=False, units=max(block.tokens, 1))
+
+
+def _pixels(job: OcrJob) -> tuple[int, int]:
+    return job.source.min_pixels, job.source.max_pixels
 
 
 def max_tokens(job: OcrJob, visual_tokens: int) -> int | None:

@@ -13,14 +13,14 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
 
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_raw
 from PIL import Image, UnidentifiedImageError
 
-from app.documents import resize
+from app.documents import resize, spotting
 from app.documents.errors import DocumentError
 from app.documents.selection import PageSelection, resolve
 from app.documents.sniff import FileKind, sniff
@@ -50,6 +50,7 @@ class Source:
     min_pixels: int
     max_pixels: int
     max_page_pixels: int
+    spotting: bool = False  # a page read whole for spotting: enlarged first, as PaddleX does
 
     @classmethod
     def sniffed(cls, path: str, head: bytes, dpi: int, settings: Settings) -> Source:
@@ -60,6 +61,13 @@ class Source:
             settings.max_page_pixels,
         )  # fmt: skip
 
+    def for_spotting(self, most: int) -> Source:
+        """Read whole for spotting: enlarged as PaddleX enlarges it, within its spotting pixel
+        bounds held to `most` (OCRVL_MAX_PIXELS)."""
+        high = min(spotting.PIXELS[1], most)
+        low = min(spotting.PIXELS[0], high)
+        return replace(self, min_pixels=low, max_pixels=high, spotting=True)
+
 
 @dataclass(frozen=True, slots=True)
 class RenderedPage:
@@ -68,6 +76,7 @@ class RenderedPage:
     url: str
     width: int
     height: int
+    page_size: tuple[int, int] | None = None  # a spotted page's, upright, before any resize
 
 
 def inspect(source: Source, selection: PageSelection | None, max_pages: int) -> list[int]:
@@ -129,14 +138,20 @@ def _render_scale(source: Source, width: int, height: int) -> float:
     (one A4 text page, measured on the 2-core dev machine).
     """
     scale = source.dpi / POINTS_PER_INCH
+    if source.spotting:  # whether it is enlarged depends on its size at the requested dpi
+        return scale
     target_h, target_w = resize.smart_resize(height, width, source.min_pixels, source.max_pixels)
     shrink = max(target_w / width, target_h / height)
     return scale * shrink if shrink < 1 else scale
 
 
 def _finish(source: Source, image: Image.Image) -> RenderedPage:
+    size = None
+    if source.spotting:  # rendered at its dpi (_render_scale): the size PaddleX's page has
+        image = resize.upright_rgb(image)
+        size, image = image.size, spotting.enlarged(image)
     page = resize.for_model(image, source.min_pixels, source.max_pixels)
-    return RenderedPage(resize.data_url(resize.encode(page)), page.width, page.height)
+    return RenderedPage(resize.data_url(resize.encode(page)), page.width, page.height, size)
 
 
 def _inspect_pdf(source: Source, selection: PageSelection | None, max_pages: int) -> list[int]:

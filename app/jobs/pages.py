@@ -156,7 +156,7 @@ async def _read_now(
         response = await work.relay.complete(
             page_request(work.ocr, rendered), work.ocr.model, context, _never
         )
-        return read_answer(number, bytes(response.body), work.ocr.task)
+        return read_answer(number, bytes(response.body), work.ocr.task, rendered.page_size)
     except DocumentError as exc:
         return PageResult(number, error=exc.as_gateway_error())
     except TRANSIENT:
@@ -175,6 +175,8 @@ def ocr_job(job: Job, path: str) -> OcrJob:
         spec["max_pixels"], spec["max_page_pixels"],
     )  # fmt: skip
     layout = spec.get("layout")
+    if spec["task"] == "spotting" and not layout:
+        source = source.for_spotting(spec["max_pixels"])
     return OcrJob(
         source, list(spec["pages"]), spec["task"], spec["served_model"], spec["max_tokens"],
         layout=LayoutOptions.from_dict(layout) if layout else None,

@@ -34,6 +34,7 @@ def _pieces(page: Page, pretty: bool) -> Piece:
         seal=bool(settings.get("use_seal_recognition", False)),
         pretty=pretty,
         ignore_labels=tuple(settings.get("markdown_ignore_labels", [])),
+        ocr_images=bool(settings.get("use_ocr_for_image_block", False)),
     )
     handlers = label_handlers(options, page.width)
     if not settings.get("use_layout_detection", False) and "seal" in handlers:

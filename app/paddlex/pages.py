@@ -108,13 +108,75 @@ def _scaled(size: tuple[float, float], scale: float) -> tuple[int, int]:
     return math.ceil(size[0] * scale), math.ceil(size[1] * scale)
 
 
+@dataclass(frozen=True, slots=True)
+class Corrected:
+    """The page the layout service turned or flattened, and what `doc_preprocessor_res` says."""
+
+    image: str  # data URL
+    angle: int
+    orientation: bool
+    unwarping: bool
+
+    @classmethod
+    def of(cls, result: Any, steps: dict[str, Any] | None) -> Corrected | None:
+        """From a read page (PageResult) and its `doc_preprocessor_res` (None: no steps)."""
+        if steps is None:
+            return None
+        settings = steps["model_settings"]
+        image = result.corrected
+        return cls(
+            image or "", steps["angle"], settings["use_doc_orientation_classify"],
+            settings["use_doc_unwarping"],
+        )  # fmt: skip
+
+
 def visualize(
-    source: raster.Source, index: int, boxes: list[dict[str, Any]] | None
-) -> tuple[str, str | None]:
-    """(`inputImage`, `outputImages.layout_det_res`; None without a layout) of page `index`."""
+    source: raster.Source,
+    index: int,
+    boxes: list[dict[str, Any]] | None,
+    corrected: Corrected | None = None,
+) -> tuple[str, dict[str, str]]:
+    """(`inputImage`, `outputImages`) of page `index`: its layout drawn on the page it was found
+    on (`layout_det_res`, with a layout) and the preprocessing (`preprocessed_img`)."""
     page = raster.page_image(source, index)
-    drawn = draw_boxes(page.copy(), boxes) if boxes is not None else None
-    return _jpeg(page), (_jpeg(drawn) if drawn is not None else None)
+    shown: dict[str, str] = {}
+    found_on = page
+    if corrected is not None:
+        found_on = _decoded(corrected.image) if corrected.image else page
+        shown["preprocessed_img"] = _jpeg(_preprocessed(page, found_on, corrected))
+    if boxes is not None:
+        shown["layout_det_res"] = _jpeg(draw_boxes(found_on.copy(), boxes))
+    return _jpeg(page), shown
+
+
+def _decoded(url: str) -> Image.Image:
+    with Image.open(io.BytesIO(base64.b64decode(url.partition(",")[2]))) as image:
+        return image.convert("RGB")
+
+
+def _preprocessed(page: Image.Image, out: Image.Image, corrected: Corrected) -> Image.Image:
+    """DocPreprocessorResult._to_img: the page, turned, flattened side by side over a 25 px
+    band of captions (the turned page is the service's output: it sends no middle step)."""
+    turned = out
+    if corrected.unwarping and corrected.angle > 0:
+        turned = page.rotate(corrected.angle, expand=True)  # exact at right angles
+    elif corrected.unwarping:
+        turned = page
+    height = max(page.height, turned.height, out.height)
+    shown = Image.new("RGB", (page.width + turned.width + out.width, height + 25), "white")
+    left = 0
+    captions = (
+        "Original Image",
+        f"Rotated Image ({corrected.orientation}, {corrected.angle})",
+        f"Unwarping Image ({corrected.unwarping})",
+    )
+    draw = ImageDraw.Draw(shown)
+    font = ImageFont.load_default(size=16)
+    for image, caption in zip((page, turned, out), captions, strict=True):
+        shown.paste(image, (left, 0))
+        draw.text((10 + left, height + 2), caption, fill=(0, 0, 0), font=font)
+        left += image.width
+    return shown
 
 
 def draw_boxes(image: Image.Image, boxes: list[dict[str, Any]]) -> Image.Image:

@@ -48,11 +48,11 @@ def settings_of(request: InferRequest, layout: LayoutOptions | None) -> dict[str
     seal = layout.seal if layout is not None else label == "seal"
     ignored = request.markdownIgnoreLabels
     return {
-        "use_doc_preprocessor": False,
+        "use_doc_preprocessor": layout is not None and layout.preprocessing,
         "use_layout_detection": layout is not None,
         "use_chart_recognition": chart or bool(request.useChartRecognition),
         "use_seal_recognition": seal or bool(request.useSealRecognition),
-        "use_ocr_for_image_block": False,
+        "use_ocr_for_image_block": bool(request.useOcrForImageBlock),
         "format_block_content": bool(request.formatBlockContent),
         "merge_layout_blocks": request.mergeLayoutBlocks is not False,
         "markdown_ignore_labels": list(DEFAULT_IGNORE if ignored is None else ignored),
@@ -61,14 +61,30 @@ def settings_of(request: InferRequest, layout: LayoutOptions | None) -> dict[str
 
 
 def page_of(
-    result: PageResult, size: tuple[int, int], settings: dict[str, Any], label: str
+    result: PageResult,
+    size: tuple[int, int],
+    settings: dict[str, Any],
+    label: str,
+    steps: dict[str, bool] | None = None,
 ) -> Page:
     """The read page as PaddleX's page result: its blocks (with a layout) or one block of
-    `label` over the whole page (without), its size and its layout boxes."""
-    width, height = size
+    `label` over the whole page (without), its size and its layout boxes; `steps`: the document
+    preprocessing's `model_settings` (`doc_preprocessor_res`, its `angle` -1 when unclassified)."""
+    width, height = result.size or size  # the corrected page's, when the service changed it
     page: dict[str, Any] = {"page_count": None, "width": width, "height": height}
     page["model_settings"] = settings
+    if settings["use_doc_preprocessor"]:
+        page["doc_preprocessor_res"] = {
+            "model_settings": steps,
+            "angle": -1 if result.angle is None else result.angle,
+        }
     if not settings["use_layout_detection"]:
+        if result.spotting is not None:  # read, loops cut, by the page's own reader (fanout)
+            page["spotting_res"] = {
+                "rec_polys": [spot["polygon"] for spot in result.spotting],
+                "rec_texts": [spot["text"] for spot in result.spotting],
+            }
+            return Page(page, [Block(label, [0, 0, width, height], result.text or "")])
         content = answers.content(label, result.text)
         return Page(page, [Block(label, [0, 0, width, height], content)])
     page["layout_det_res"] = {"boxes": [box_json(box) for box in result.boxes or []]}

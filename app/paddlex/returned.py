@@ -56,13 +56,6 @@ def _settings(pruned: dict[str, Any], where: str) -> dict[str, Any]:
     labels = settings.get("markdown_ignore_labels", [])
     if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
         raise _missing(f"{where}.model_settings.markdown_ignore_labels")
-    if settings.get("use_ocr_for_image_block"):
-        name = f"{where}.model_settings.use_ocr_for_image_block"
-        raise InvalidRequest(
-            f"`{name}` is not supported: this server does not write image blocks' text",
-            param=name,
-            code="unsupported_parameter",
-        )
     return settings
 
 

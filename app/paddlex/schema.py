@@ -239,27 +239,24 @@ def _where(loc: tuple[int | str, ...]) -> str:
     return clip(path)
 
 
-# What PaddleX runs and this server does not: each refused with a 422 naming the field.
-NOT_RUN = {
+# What PaddleX runs and this server runs only with layout detection (in the layout service).
+PREPROCESSING = {
     "useDocOrientationClassify": "document orientation classification (PP-LCNet_x1_0_doc_ori)",
     "useDocUnwarping": "document unwarping (UVDoc)",
-    "useOcrForImageBlock": "reading image blocks with the OCR prompt",
 }
 
 
 def refused(request: InferRequest) -> InvalidRequest | None:
     """The first option this server does not run, as the 422 to answer, or None."""
-    for name, what in NOT_RUN.items():
-        if getattr(request, name):
-            return _unsupported(name, f"this server does not run {what}; send false or null")
+    for name, what in PREPROCESSING.items():
+        if getattr(request, name) and request.useLayoutDetection is False:
+            return _unsupported(
+                name,
+                f"this server runs {what} in its layout service, with layout detection only; "
+                "send `useLayoutDetection` true (or null) or this option false",
+            )
     if request.outputFormats:
         return _unsupported("outputFormats", "this server exports no other formats (docx)")
-    if request.vlmExtraArgs:
-        return _unsupported("vlmExtraArgs", "this server passes no extra model arguments")
-    if request.useLayoutDetection is False and request.promptLabel == "spotting":
-        return _unsupported(
-            "promptLabel", "`spotting` (text spotting's post-processing) is not run here"
-        )
     return None
 
 

@@ -39,7 +39,8 @@ from app.state import Context, Gateway, GatewayDep
 
 router = APIRouter(route_class=PaddleXRoute)
 Body = TypeVar("Body", InferRequest, RestructurePagesRequest)
-Visuals = tuple[str, str | None]
+Visuals = tuple[str, dict[str, str]]
+STEPS = ("use_doc_orientation_classify", "use_doc_unwarping")
 
 
 @router.post("/layout-parsing")
@@ -50,16 +51,18 @@ async def layout_parsing(
     infer = await _body(request, gateway, InferRequest)
     if (refusal := schema.refused(infer)) is not None:
         raise refusal
+    extra = options.extras(infer)
+    infer = extra.request  # vlmExtraArgs' sampling fields and pixels over the request's
     data = await _file(gateway, infer.file)
     served = gateway.pool.require_models("to read the document")
     context.served_model = next(iter(served))
-    layout = options.layout_options(infer)
+    layout = options.layout_options(infer, options.kind_pixels(extra, gateway.settings))
     if layout is not None:
         layout = layouts.choose(gateway.layouts, "on", layout)[0]
     model_len = policy.model_length(served[context.served_model])
     _check_policy(gateway, infer, model_len)
     async with contextlib.AsyncExitStack() as cleanup:
-        source, found = await _prepare(gateway, cleanup, infer, data)
+        source, found = await _prepare(gateway, cleanup, extra, data, layout is None)
         if gateway.usage is not None:  # the whole document under the key's page budget, first
             await gateway.usage.admit(context, len(found.indexes))
         job = OcrJob(
@@ -70,14 +73,17 @@ async def layout_parsing(
         read = await _read(job, request, gateway, context, cleanup)
         settings = results.settings_of(infer, layout)
         label, sizes = infer.promptLabel or "ocr", found.sizes
-        made = [results.page_of(p, n, settings, label) for p, n in zip(read, sizes, strict=True)]
+        steps = dict(zip(STEPS, options.preprocessing(infer), strict=True))
+        made = [
+            results.page_of(p, n, settings, label, steps) for p, n in zip(read, sizes, strict=True)
+        ]
         writing = results.Writing(
             infer.prettifyMarkdown, infer.showFormulaNumber, infer.restructurePages,
             infer.mergeTables, infer.relevelTitles,
         )  # fmt: skip
         entries: list[dict[str, Any]] = await gateway.documents.run(results.written, made, writing)
         visualize = infer.visualize is not False  # PaddleX's server default: on
-        shown = await _visuals(gateway, source, made) if visualize else None
+        shown = await _visuals(gateway, source, made, read) if visualize else None
     _with_images(entries, read if infer.returnMarkdownImages else None, shown)
     answer = await success(
         request, {"layoutParsingResults": entries, "dataInfo": found.data_info()}
@@ -130,9 +136,7 @@ def _with_images(
             images = read[n].images or {}
             entry["markdown"]["images"] = {k: v.partition(",")[2] for k, v in images.items()}
         if shown is not None:
-            base, drawn = shown[n]
-            entry["outputImages"] = {"layout_det_res": drawn} if drawn is not None else {}
-            entry["inputImage"] = base
+            entry["inputImage"], entry["outputImages"] = shown[n]
 
 
 async def _body(request: Request, gateway: Gateway, model: type[Body]) -> Body:
@@ -176,19 +180,27 @@ async def _file(gateway: Gateway, file: str) -> bytes:
 
 
 def _check_policy(gateway: Gateway, infer: InferRequest, model_len: int | None) -> None:
-    """The request policy on what the blocks' requests carry (`maxNewTokens`, judged as chat's
-    `max_tokens` is, in its own name)."""
+    """The request policy on what the blocks' requests carry (`maxNewTokens`, or PaddleX's
+    `vlmExtraArgs.max_new_tokens` over it), judged as chat's `max_tokens` is, in its own name."""
+    extra = "max_new_tokens" in (infer.vlmExtraArgs or {})
+    name = "vlmExtraArgs.max_new_tokens" if extra else "maxNewTokens"
     if infer.maxNewTokens is not None:
         policy.bounded_integer(
-            "maxNewTokens", infer.maxNewTokens, 1, model_len, "the served model's max_model_len"
+            name, infer.maxNewTokens, 1, model_len, "the served model's max_model_len"
         )
 
 
 async def _prepare(
-    gateway: Gateway, cleanup: contextlib.AsyncExitStack, infer: InferRequest, data: bytes
+    gateway: Gateway,
+    cleanup: contextlib.AsyncExitStack,
+    extra: options.Extras,
+    data: bytes,
+    whole: bool,
 ) -> tuple[Source, pages.Pages]:
     """The file spooled for the workers, sniffed, its type checked against `fileType`, and
-    every page checked (OCRVL_MAX_PAGES, pixels, encryption) and measured."""
+    every page checked (OCRVL_MAX_PAGES, pixels, encryption) and measured; `whole`: each page
+    is read whole, with its prompt's pixel bounds (a spotted page enlarged first)."""
+    infer, label = extra.request, extra.request.promptLabel or "ocr"
     received = upload.Upload(upload.OcrOptions(), data=data)
     path, head = await asyncio.to_thread(upload.spool, received, data, tempfile.gettempdir())
     cleanup.push_async_callback(asyncio.to_thread, upload.remove, path)
@@ -196,8 +208,15 @@ async def _prepare(
     try:
         source = Source.sniffed(path, head, upload.DEFAULT_DPI, settings)
         options.check_type(infer.fileType, source.kind)
-        low, high = options.pixels(infer, settings)
-        source = replace(source, min_pixels=low, max_pixels=high)
+        if whole and label == "spotting":
+            source = source.for_spotting(settings.max_pixels)
+        else:
+            low, high = (
+                options.page_pixels(extra, settings, label)
+                if whole
+                else options.pixels(infer, settings)
+            )
+            source = replace(source, min_pixels=low, max_pixels=high)
         found: pages.Pages = await gateway.documents.run(pages.inspect, source, settings.max_pages)
     except DocumentError as exc:
         raise exc.as_gateway_error() from None
@@ -253,11 +272,19 @@ def _cache(
     return cache.PageCache.scoped(gateway.results, key_name, wanted, gateway.metrics)
 
 
-async def _visuals(gateway: Gateway, source: Source, made: Sequence[Page]) -> list[Visuals]:
-    """Each page's `inputImage` and its layout drawn (none without one), in the page workers."""
+async def _visuals(
+    gateway: Gateway, source: Source, made: Sequence[Page], read: Sequence[PageResult]
+) -> list[Visuals]:
+    """Each page's `inputImage` and `outputImages`: its layout drawn (none without one) on the
+    page it was found on, and the preprocessing's `preprocessed_img`, in the page workers."""
     drawn = []
-    for index, page in enumerate(made):
+    for index, (page, result) in enumerate(zip(made, read, strict=True)):
         boxes = page.result["layout_det_res"]["boxes"] if "layout_det_res" in page.result else None
-        drawn.append(gateway.documents.run(pages.visualize, source, index, boxes))
+        steps = page.result.get("doc_preprocessor_res")
+        drawn.append(
+            gateway.documents.run(
+                pages.visualize, source, index, boxes, pages.Corrected.of(result, steps)
+            )
+        )
     shown: list[Visuals] = await asyncio.gather(*drawn)
     return shown

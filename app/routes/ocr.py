@@ -153,6 +153,8 @@ async def _prepare(
     cleanup.push_async_callback(asyncio.to_thread, upload.remove, path)
     try:
         source = Source.sniffed(path, head, options.dpi, settings)
+        if options.task == "spotting" and layout is None:
+            source = source.for_spotting(settings.max_pixels)
         pages = await gateway.documents.inspect(source, options.pages, settings.max_pages)
     except DocumentError as exc:
         raise exc.as_gateway_error() from None

@@ -9,7 +9,7 @@ const $ = (id) => document.getElementById(id);
 const ui = {
   form: $("setup"), key: $("key"), forget: $("forget"), drop: $("drop"), file: $("file"),
   fileName: $("file-name"), task: $("task"), pages: $("pages"), maxTokens: $("max-tokens"),
-  layout: $("layout"),
+  layout: $("layout"), orientation: $("orientation"), unwarp: $("unwarp"),
   pageImages: $("page-images"), asJob: $("as-job"), run: $("run"), stop: $("stop"),
   downloadMd: $("download-md"), downloadJson: $("download-json"), progress: $("progress"),
   message: $("message"), error: $("error"), errorTitle: $("error-title"),
@@ -201,6 +201,8 @@ function requestBody(task) {
   if (ui.pages.value.trim()) body.append("pages", ui.pages.value.trim());
   if (ui.maxTokens.value.trim()) body.append("max_tokens", ui.maxTokens.value.trim());
   body.append("layout", ui.layout.value);
+  if (ui.orientation.checked) body.append("orientation", "true");
+  if (ui.unwarp.checked) body.append("unwarp", "true");
   // plain markdown (figures as ![](path), tables as HTML), which the page draws; the pretty
   // form wraps them in centred <div> HTML, which it would show as text
   body.append("prettify_markdown", "false");

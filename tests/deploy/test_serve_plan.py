@@ -145,17 +145,22 @@ def layout_command(output: str) -> list[str]:
 def test_the_tiny_model_gets_the_tiny_layout_checkpoint_and_the_gateway_its_url(
     tmp_path: Path,
 ) -> None:
-    """MODEL=tiny: the layout service in the engine venv's Python with TINY_LAYOUT_DIR (built
-    there when missing) on loopback LAYOUT_PORT, and the gateway's OCRVL_LAYOUT_URL naming it."""
-    tiny = tmp_path / "tiny-layout"
+    """MODEL=tiny: the layout service in the engine venv's Python with TINY_LAYOUT_DIR and the
+    tiny preprocessing checkpoints of TINY_PREPROCESS_DIR (each built there when missing) on
+    loopback LAYOUT_PORT, and the gateway's OCRVL_LAYOUT_URL naming it."""
+    tiny, steps = tmp_path / "tiny-layout", tmp_path / "tiny-preprocess"
     status, output = dry_run(MODEL="tiny", VLLM_BIN="", TINY_LAYOUT_DIR=str(tiny),
-                             LAYOUT_PORT="9300")  # fmt: skip
+                             TINY_PREPROCESS_DIR=str(steps), LAYOUT_PORT="9300")  # fmt: skip
     assert status == 0, output
     assert f"would run: {ROOT_VENV}/bin/python -m tests.support.tiny_layout {tiny}" in output
+    assert f"would run: {ROOT_VENV}/bin/python -m tests.support.tiny_preprocess {steps}" in output
     command = layout_command(output)
     assert command[0].endswith(".venv/bin/python")
     assert command[1:3] == ["-m", "ocrvl_layout"]
-    assert flags(command) == {"model": str(tiny), "host": "127.0.0.1", "port": "9300"}
+    assert flags(command) == {
+        "model": str(tiny), "host": "127.0.0.1", "port": "9300",
+        "orientation-model": f"{steps}/orientation", "unwarping-model": f"{steps}/unwarping",
+    }  # fmt: skip
     gateway = next(line for line in output.splitlines() if "make serve: gateway:" in line)
     assert "OCRVL_LAYOUT_URL=http://127.0.0.1:9300 " in gateway
 
@@ -168,9 +173,14 @@ def test_a_real_model_gets_the_real_layout_checkpoint_or_the_one_named() -> None
     command = layout_command(output)
     assert command[0] == "/bin/python3"
     assert flags(command)["model"] == "PaddlePaddle/PP-DocLayoutV3_safetensors"
+    assert flags(command)["orientation-model"] == "PaddlePaddle/PP-LCNet_x1_0_doc_ori_safetensors"
+    assert flags(command)["unwarping-model"] == "PaddlePaddle/UVDoc_safetensors"
     assert command[-1] == "--compile"
-    status, output = dry_run(VLLM_BIN="/bin/true", PROFILE="l4-24gb", LAYOUT_MODEL="/m/layout")
-    assert flags(layout_command(output))["model"] == "/m/layout"
+    status, output = dry_run(VLLM_BIN="/bin/true", PROFILE="l4-24gb", LAYOUT_MODEL="/m/layout",
+                             ORIENTATION_MODEL="off", UNWARPING_MODEL="/m/uvdoc")  # fmt: skip
+    named = flags(layout_command(output))
+    assert (named["model"], named["unwarping-model"]) == ("/m/layout", "/m/uvdoc")
+    assert "orientation-model" not in named
 
 
 @pytest.mark.parametrize(

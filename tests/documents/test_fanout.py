@@ -5,6 +5,8 @@ The real engine cannot fail one page of three on demand, nor hang; FakeVLLM stan
 
 from __future__ import annotations
 
+import base64
+import io
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +15,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from PIL import Image
 from starlette.types import Receive, Scope, Send
 
 from app.main import create_app
@@ -206,6 +209,38 @@ async def test_a_table_answer_in_otsl_also_comes_back_as_html(
     assert page["html"] == (
         "<table><tr><td>a</td><td>b</td></tr><tr><td>c</td><td>d</td></tr></table>"
     )
+
+
+async def test_a_spotting_answer_comes_back_as_regions_in_page_pixels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """task=spotting: asked with the special tokens kept, the page (400x560 px at 144 dpi)
+    enlarged twice before the model's resize, the answer read into `spotting` regions with
+    their polygons in page pixels and `text` their texts."""
+    answer = (
+        "<|TEXT_START|>Total<|TEXT_END|><|LOC_BEGIN|><|LOC_100|><|LOC_500|><|LOC_300|>"
+        "<|LOC_500|><|LOC_300|><|LOC_600|><|LOC_100|><|LOC_600|><|LOC_END|>"
+    )
+
+    def spotted(model: str) -> dict[str, Any]:
+        made = completion(model)
+        made["choices"][0]["message"]["content"] = answer
+        return made
+
+    monkeypatch.setattr("tests.support.fake_backend.completion", spotted)
+    with serving(FakeVLLM()) as backend:
+        async with gateway(backend) as client:
+            response = await client.post("/v1/ocr", files=upload(1), data={"task": "spotting"})
+    sent = backend.bodies[0]
+    assert sent["skip_special_tokens"] is False
+    url = sent["messages"][0]["content"][0]["image_url"]["url"]
+    with Image.open(io.BytesIO(base64.b64decode(url.partition(",")[2]))) as image:
+        assert image.size == (812, 1120)  # 800x1120, then to multiples of 28
+    page = response.json()["pages"][0]
+    assert page["text"] == "Total"
+    assert page["spotting"] == [
+        {"text": "Total", "polygon": [[40.0, 280.0], [120.0, 280.0], [120.0, 336.0], [40.0, 336.0]]}
+    ]
 
 
 async def test_ocr_needs_a_key(faults: PageFaults) -> None:

@@ -460,3 +460,31 @@ async def test_a_page_with_no_blocks_says_so(tmp_path: Path) -> None:
             read = (await client.post("/v1/ocr", files=upload())).json()["pages"][0]
     assert read["blocks"]
     assert "empty" not in read
+
+
+async def test_orientation_turns_the_page_before_its_blocks_are_cut() -> None:
+    """`orientation=true`: the layout service (a stand-in keeping the contract, finding 90)
+    gets a lossless page and sends it back upright; the page's `angle` is 90, its blocks are
+    cut from the upright page (its width is the turned page's height), and its `image` (with
+    `page_images`) is that page. `layout=off` with it is a 400 naming it."""
+    with Image.open(io.BytesIO(page_png())) as upright:
+        turned = upright.rotate(-90, expand=True)
+        size = upright.size
+    out = io.BytesIO()
+    turned.save(out, format="PNG")
+    with services(angle=90) as (fake, layout):
+        async with gateway(fake, layout) as client:
+            fields = {"orientation": "true", "page_images": "true"}
+            response = await client.post("/v1/ocr", files=upload(out.getvalue()), data=fields)
+            off = await client.post("/v1/ocr", files=upload(), data={**fields, "layout": "off"})
+    assert response.status_code == 200, response.text
+    assert layout.seen[0].overrides["orientation"] is True
+    page = response.json()["pages"][0]
+    assert page["angle"] == 90
+    head, _, payload = page["image"].partition(",")
+    assert head == "data:image/png;base64"
+    with Image.open(io.BytesIO(base64.b64decode(payload))) as image:
+        assert image.size == size
+    assert page["blocks"]
+    assert off.status_code == 400
+    assert off.json()["error"]["param"] == "orientation"

@@ -19,6 +19,7 @@ SPEC: {"mode": "restructure", "requests": [body, ...]} -> {"ok": true, "answers"
 SPEC: {"mode": "infer", "server_url", "layouts", "fixed_layout": path, "requests": [body]}
     -> {"ok": true, "answers": [result]}
 SPEC: {"mode": "soup", "html": [str]} / {"mode": "kmeans", "heights": [[int]]}
+SPEC: {"mode": "spotting", "answers": [[answer, width, height]]} -> {"ok": true, "read": [...]}
 """
 
 from __future__ import annotations
@@ -132,6 +133,9 @@ def infer(spec: dict[str, Any]) -> list[dict[str, Any]]:
     fixed = _load(spec["fixed_layout"])
     layout = fixed.FixedLayout(spec["layouts"])
     fixed.install(layout)
+    preprocess = spec.get("preprocess")  # {"angle": N}: the preprocessing models stubbed
+    if preprocess is not None:
+        _stub_preprocessing(preprocess["angle"])
     from paddleocr import PaddleOCRVL  # noqa: PLC0415
     from paddlex.inference.serving.basic_serving._pipeline_apps._common import (  # noqa: PLC0415
         common,
@@ -139,9 +143,12 @@ def infer(spec: dict[str, Any]) -> list[dict[str, Any]]:
     from paddlex.inference.serving.infra import utils  # noqa: PLC0415
     from paddlex.inference.serving.schemas.paddleocr_vl import InferRequest  # noqa: PLC0415
 
+    steps = {} if preprocess is None else {
+        "use_doc_orientation_classify": True, "use_doc_unwarping": True,
+    }  # fmt: skip
     pipeline = PaddleOCRVL(
         pipeline_version="v1.5", vl_rec_backend="vllm-server",
-        vl_rec_server_url=spec["server_url"], vl_rec_api_key=spec.get("api_key"),
+        vl_rec_server_url=spec["server_url"], vl_rec_api_key=spec.get("api_key"), **steps,
     ).paddlex_pipeline  # fmt: skip
     answers = []
     for body in spec["requests"]:
@@ -186,6 +193,31 @@ def infer(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return answers
 
 
+def _stub_preprocessing(angle: int) -> None:
+    """PaddleX's DocPreprocessor with its two models stubbed (PaddlePaddle's, which this venv
+    lacks): the orientation classifier answers `angle` for every page (its label name), the
+    unwarping model gives each page back as it got it (its `doctr_img` is RGB). Everything
+    around them (the rotation, the sizes, the results) is PaddleX's."""
+    from paddlex.inference.pipelines.doc_preprocessor import pipeline  # noqa: PLC0415
+
+    def orientation(images: list[Any]) -> Any:
+        for _ in images:
+            yield {"label_names": [str(angle)]}
+
+    def unwarping(images: list[Any]) -> Any:
+        for image in images:
+            yield {"doctr_img": image[:, :, ::-1]}
+
+    stubs = {"doc_text_orientation": orientation, "image_unwarping": unwarping}
+    original = pipeline._DocPreprocessorPipeline.create_model
+
+    def create_model(self: Any, config: dict[str, Any], **kwargs: Any) -> Any:
+        stub = stubs.get(config.get("module_name", ""))
+        return stub if stub is not None else original(self, config, **kwargs)
+
+    pipeline._DocPreprocessorPipeline.create_model = create_model
+
+
 def _predict_arguments(request: Any) -> dict[str, Any]:
     """What `_infer` passes to `pipeline.infer`."""
     return {
@@ -214,6 +246,26 @@ def _predict_arguments(request: Any) -> dict[str, Any]:
     }
 
 
+def _spotted(answer: str, width: int, height: int) -> list[Any]:
+    """A spotting block's content as `_paddleocr_vl_assemble_parsing_results` makes it: loops
+    cut, math delimiters rewritten (its inline code, copied), `post_process_for_spotting`."""
+    from paddlex.inference.pipelines.paddleocr_vl import uilts  # noqa: PLC0415
+
+    text = uilts.truncate_repetitive_content(answer, min_count=50)
+    if ("\\(" in text and "\\)" in text) or ("\\[" in text and "\\]" in text):
+        text = text.replace("$", "")
+        text = (
+            text.replace("\\(", " $ ")
+            .replace("\\)", " $")
+            .replace("\\[\\[", "\\[")
+            .replace("\\]\\]", "\\]")
+            .replace("\\[", " $$ ")
+            .replace("\\]", " $$ ")
+        )
+    content, found = uilts.post_process_for_spotting(text, width, height)
+    return [content, found]
+
+
 def _load(path: str) -> Any:
     spec = importlib.util.spec_from_file_location("paddlex_fixed_layout", path)
     assert spec is not None
@@ -230,6 +282,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         from bs4 import BeautifulSoup  # noqa: PLC0415
 
         return {"ok": True, "html": [str(BeautifulSoup(h, "html.parser")) for h in spec["html"]]}
+    if mode == "spotting":
+        return {"ok": True, "read": [_spotted(*item) for item in spec["answers"]]}
     if mode == "kmeans":
         from paddlex.inference.pipelines.layout_parsing import title_level  # noqa: PLC0415
 

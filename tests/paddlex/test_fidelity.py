@@ -31,6 +31,10 @@ from tests.support.standin_vlm import Received, StandinVLM
 
 pytestmark = pytest.mark.anyio
 FIXED_LAYOUT = Path(__file__).parents[1] / "support" / "paddlex_fixed_layout.py"
+EXTRA_ARGS = {
+    "ocr_min_pixels": 150_000, "ocr_max_pixels": 700_000, "table_max_pixels": 500_000,
+    "formula_min_pixels": 200_000, "temperature": 0.2, "max_new_tokens": 300,
+}  # fmt: skip
 # (document, extra fields): the corpus's kinds of file and pages, and PaddleX's options
 RUNS: list[tuple[str, dict[str, Any]]] = [
     ("book-pdf", {}),
@@ -45,6 +49,9 @@ RUNS: list[tuple[str, dict[str, Any]]] = [
     ("merged_paragraphs", {"temperature": 0.3, "topP": 0.8, "repetitionPenalty": 1.1}),
     ("article", {"minPixels": 200_000, "maxPixels": 600_000, "maxNewTokens": 512}),
     ("blank", {}),  # a page on which the layout finds no block
+    ("figures-sideways", {"useOcrForImageBlock": True, "prettifyMarkdown": False}),
+    ("book-pdf", {"useOcrForImageBlock": True}),
+    ("article", {"vlmExtraArgs": EXTRA_ARGS}),
 ]
 
 
@@ -74,7 +81,7 @@ def images_as_sizes(value: Any, key: str = "") -> Any:
     if isinstance(value, list):
         return [images_as_sizes(item, key) for item in value]
     if isinstance(value, str) and (key == "inputImage" or key.endswith(".jpg") or key in (
-        "layout_det_res",
+        "layout_det_res", "preprocessed_img",
     )):  # fmt: skip
         with Image.open(io.BytesIO(base64.b64decode(value))) as image:
             return (image.format, image.size)

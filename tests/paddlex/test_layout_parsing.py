@@ -30,7 +30,7 @@ pytestmark = pytest.mark.anyio
 PNG = page_png()
 REFUSAL_IDS = (
     "type", "png", "pdf", "encrypted", "unknown", "base64", "empty", "junk", "file_url",
-    "pages", "bomb", "spotting", "tokens", "missing",
+    "pages", "bomb", "label", "tokens", "missing",
 )  # fmt: skip
 
 
@@ -112,6 +112,75 @@ async def test_paddlexs_options_become_the_blocks_and_the_layout_services() -> N
     assert settings["model_settings"]["return_layout_polygon_points"] is False
 
 
+async def test_vlm_extra_args_set_each_prompts_pixels_and_the_sampling_fields() -> None:
+    """`vlmExtraArgs` as PaddleX's pipeline reads it: `ocr_*_pixels` and `table_*_pixels` for
+    those prompts' blocks (held to OCRVL_MAX_PIXELS), the document's bounds for the others,
+    `temperature` and `max_new_tokens` over the request's own fields."""
+    extra = {
+        "ocr_min_pixels": 50_000, "ocr_max_pixels": 600_000, "table_max_pixels": 5_000_000,
+        "temperature": 0.4, "max_new_tokens": 77, "use_cache": True,
+    }  # fmt: skip
+    with services() as (fake, layout):
+        async with gateway(fake, layout) as client:
+            body = {"file": b64(PNG), "temperature": 0.1, "vlmExtraArgs": extra}
+            response = await client.post("/layout-parsing", json=body)
+    assert response.status_code == 200, response.text
+    pixels = {
+        "OCR:": {"min_pixels": 50_000, "max_pixels": 600_000},
+        "Table Recognition:": {"min_pixels": 112_896, "max_pixels": 1_003_520},
+        "Formula Recognition:": {"min_pixels": 112_896, "max_pixels": 1_003_520},
+    }
+    assert set(fake.prompts()) == set(pixels)
+    for sent in fake.bodies:
+        prompt = sent["messages"][0]["content"][1]["text"]
+        assert sent["mm_processor_kwargs"] == pixels[prompt]
+        assert (sent["temperature"], sent["max_completion_tokens"]) == (0.4, 77)
+
+
+async def test_ocr_for_image_blocks_reads_them_and_shows_their_text() -> None:
+    """`useOcrForImageBlock`: the image block is read with `OCR:` and its text follows the
+    figure in the markdown; `model_settings` says so."""
+    with services() as (fake, layout):
+        async with gateway(fake, layout) as client:
+            body = {"file": b64(PNG), "useOcrForImageBlock": True, "visualize": False}
+            response = await client.post("/layout-parsing", json=body)
+    assert response.status_code == 200, response.text
+    [page] = response.json()["result"]["layoutParsingResults"]
+    pruned = page["prunedResult"]
+    assert pruned["model_settings"]["use_ocr_for_image_block"] is True
+    [image] = [b for b in pruned["parsing_res_list"] if b["block_label"] == "image"]
+    assert image["block_content"] == "Some words"
+    text = page["markdown"]["text"]
+    assert 'img_in_image_box_320_420_560_600.jpg" alt="Image" width="40%" />\n\nSome words' in text
+
+
+async def test_spotting_without_layout_gives_texts_and_polygons() -> None:
+    """`promptLabel: spotting` without layout detection: the page is asked with its special
+    tokens kept, enlarged as PaddleX enlarges it (600x800 -> 1200x1600, then the spotting
+    bounds), and its regions come back as `spotting_res` in page pixels, texts as content."""
+    with services() as (fake, layout):
+        fake.answers["Spotting:"] = (
+            "<|TEXT_START|>Hello<|TEXT_END|><|LOC_BEGIN|><|LOC_100|><|LOC_100|><|LOC_500|>"
+            "<|LOC_100|><|LOC_500|><|LOC_200|><|LOC_100|><|LOC_200|><|LOC_END|>"
+        )
+        async with gateway(fake, layout) as client:
+            body = {"file": b64(PNG), "useLayoutDetection": False, "promptLabel": "spotting"}
+            response = await client.post("/layout-parsing", json=body)
+    assert response.status_code == 200, response.text
+    [sent] = fake.bodies
+    assert sent["skip_special_tokens"] is False
+    assert sent["mm_processor_kwargs"] == {"min_pixels": 112_896, "max_pixels": 1_003_520}
+    url = sent["messages"][0]["content"][0]["image_url"]["url"]
+    with Image.open(io.BytesIO(base64.b64decode(url.partition(",")[2]))) as image:
+        assert image.size == (840, 1148)  # 1200x1600 within 1,003,520 pixels
+    pruned = response.json()["result"]["layoutParsingResults"][0]["prunedResult"]
+    assert pruned["spotting_res"] == {
+        "rec_polys": [[[60.0, 80.0], [300.0, 80.0], [300.0, 160.0], [60.0, 160.0]]],
+        "rec_texts": ["Hello"],
+    }
+    assert pruned["parsing_res_list"][0]["block_content"] == "Hello"
+
+
 async def test_without_layout_detection_each_page_is_one_block_of_the_prompt_label() -> None:
     """`useLayoutDetection: false` reads each page whole with `promptLabel`'s prompt, no layout
     call: one block covering the page, a table's answer as HTML, no layout boxes or drawing."""
@@ -152,11 +221,13 @@ async def test_a_pdf_counts_its_pages_under_the_keys_usage_and_restructures() ->
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("useDocOrientationClassify", True),
-        ("useDocUnwarping", True),
-        ("useOcrForImageBlock", True),
+        ("useDocOrientationClassify", "sideways"),
+        ("useDocUnwarping", [1]),
         ("outputFormats", ["docx"]),
-        ("vlmExtraArgs", {"ocr_min_pixels": 1}),
+        ("vlmExtraArgs", {"ocr_min_pixels": "many"}),
+        ("vlmExtraArgs", {"top_k": 5}),
+        ("vlmExtraArgs", {"top_p": 0}),
+        ("useOcrForImageBlock", "maybe"),
         ("fileType", 3),
         ("topP", 2),
     ],
@@ -167,7 +238,7 @@ async def test_an_option_not_run_or_malformed_is_refused_naming_it(field: str, v
         async with gateway(fake, layout) as client:
             body = {"file": b64(PNG), field: value}
             message = envelope_error(await client.post("/layout-parsing", json=body), 422)
-            assert f"`{field}`" in message
+            assert f"`{field}" in message
             assert fake.bodies == []
             await serves_on(client)
 
@@ -186,7 +257,7 @@ async def test_an_option_not_run_or_malformed_is_refused_naming_it(field: str, v
         ({"file": "file:///etc/passwd"}, "a file: URL, which the server does not fetch"),
         ({"file": b64(pdf(3))}, "too_many_pages"),
         ({"file": b64(png_bomb())}, "image_too_large"),
-        ({"file": b64(PNG), "useLayoutDetection": False, "promptLabel": "spotting"}, "promptLabel"),
+        ({"file": b64(PNG), "promptLabel": "spot"}, "promptLabel"),
         ({"file": b64(PNG), "maxNewTokens": 100_000}, "maxNewTokens"),
         ({"fileType": 1}, "file"),
     ],
@@ -348,3 +419,76 @@ async def test_a_full_temp_folder_is_a_503_in_the_envelope_and_leaves_no_file(
             assert not leftovers(tmp_path)
             assert fake.bodies == []
             await serves_on(client)
+
+
+def turned_png(angle: int) -> bytes:
+    """PNG's page as a scanner turned it: clockwise by `angle` (the service turns it back)."""
+    with Image.open(io.BytesIO(PNG)) as page:
+        turned = page.rotate(-angle, expand=True) if angle else page.copy()
+    out = io.BytesIO()
+    turned.save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("angle", [90, 180, 270])
+async def test_a_turned_page_reads_as_the_upright_one(angle: int) -> None:
+    """`useDocOrientationClassify` on a page turned by `angle`: the layout service (a stand-in
+    keeping the contract) finds `angle` and sends the upright page back; the blocks and the
+    markdown equal the upright page's, the page measures the upright size, and the answer
+    carries PaddleX's `doc_preprocessor_res` and its `preprocessed_img`."""
+    with services(angle=angle) as (fake, layout):
+        async with gateway(fake, layout) as client:
+            plain = {"file": b64(PNG), "visualize": False}
+            upright = (await client.post("/layout-parsing", json=plain)).json()["result"]
+            body = {"file": b64(turned_png(angle)), "useDocOrientationClassify": True}
+            response = await client.post("/layout-parsing", json=body)
+    assert response.status_code == 200, response.text
+    assert layout.seen[-1].overrides["orientation"] is True
+    assert layout.seen[-1].overrides["unwarp"] is True  # PaddleX's default beside orientation
+    [page] = response.json()["result"]["layoutParsingResults"]
+    [want] = upright["layoutParsingResults"]
+    pruned = page["prunedResult"]
+    assert pruned["doc_preprocessor_res"] == {
+        "model_settings": {"use_doc_orientation_classify": True, "use_doc_unwarping": True},
+        "angle": angle,
+    }
+    assert pruned["model_settings"]["use_doc_preprocessor"] is True
+    assert (pruned["width"], pruned["height"]) == (600, 800)
+    assert pruned["parsing_res_list"] == want["prunedResult"]["parsing_res_list"]
+    assert page["markdown"]["text"] == want["markdown"]["text"]
+    assert set(page["outputImages"]) == {"layout_det_res", "preprocessed_img"}
+
+
+async def test_unwarping_alone_has_no_angle_and_a_layout_less_read_refuses_it() -> None:
+    """`useDocUnwarping` with `useDocOrientationClassify: false`: `angle` -1 as PaddleX reports
+    an unclassified page (sent alone, PaddleX's preprocessor classifies too, as here); with
+    `useLayoutDetection: false` it cannot apply here: 422 naming it."""
+    with services() as (fake, layout):
+        async with gateway(fake, layout) as client:
+            alone = {"file": b64(PNG), "useDocUnwarping": True, "visualize": False}
+            both = (await client.post("/layout-parsing", json=alone)).json()["result"]
+            body = {**alone, "useDocOrientationClassify": False}
+            response = await client.post("/layout-parsing", json=body)
+            refused = await client.post(
+                "/layout-parsing", json={**body, "useLayoutDetection": False}
+            )
+    assert response.status_code == 200, response.text
+    pruned = response.json()["result"]["layoutParsingResults"][0]["prunedResult"]
+    assert pruned["doc_preprocessor_res"] == {
+        "model_settings": {"use_doc_orientation_classify": False, "use_doc_unwarping": True},
+        "angle": -1,
+    }
+    steps = both["layoutParsingResults"][0]["prunedResult"]["doc_preprocessor_res"]
+    assert steps["model_settings"]["use_doc_orientation_classify"] is True
+    assert "`useDocUnwarping`" in envelope_error(refused, 422)
+
+
+async def test_a_layout_service_without_the_model_is_not_available_here() -> None:
+    """The layout service answers 400 `model_not_loaded`: the request is a 422 saying the
+    option is not available on this deployment, never a 5xx."""
+    with services(mode="status", status=400) as (fake, layout):
+        layout.error_code = "model_not_loaded"
+        async with gateway(fake, layout) as client:
+            body = {"file": b64(PNG), "useDocOrientationClassify": True}
+            message = envelope_error(await client.post("/layout-parsing", json=body), 422)
+    assert "not available on this deployment" in message

@@ -29,6 +29,8 @@ OPTIONS: list[dict[str, Any]] = [
     {},
     {"fileType": None},
     {"useDocOrientationClassify": False, "useDocUnwarping": False, "useOcrForImageBlock": False},
+    {"useDocOrientationClassify": True, "useDocUnwarping": True, "visualize": True},
+    {"useDocUnwarping": True},
     {"useLayoutDetection": True, "useChartRecognition": True, "useSealRecognition": True},
     {"layoutThreshold": 0.5, "layoutNms": False, "layoutUnclipRatio": 1.2},
     {"layoutThreshold": {"22": 0.4}, "layoutUnclipRatio": {"22": [1.0, 1.1]}},
@@ -43,7 +45,8 @@ OPTIONS: list[dict[str, Any]] = [
     {"restructurePages": True, "mergeTables": False, "relevelTitles": False},
     {"restructurePages": True, "visualize": True},
     {"visualize": False},
-    *({"useLayoutDetection": False, "promptLabel": label} for label in schema.PROMPT_LABELS[:5]),
+    *({"useLayoutDetection": False, "promptLabel": label} for label in schema.PROMPT_LABELS),
+    {"useOcrForImageBlock": True, "vlmExtraArgs": {"ocr_max_pixels": 600_000, "top_p": 0.5}},
     {"useLayoutDetection": False},
 ]
 FILES = [(PNG, 1), (PDF3, 0), (TIFF2, 1)]
@@ -68,6 +71,9 @@ REFUSED_BY_BOTH: list[dict[str, Any]] = [
     {"markdownIgnoreLabels": "header"},
     {"outputFormats": ["pdf"]},
     {"visualize": "perhaps"},
+    {"useOcrForImageBlock": "maybe"},
+    {"useDocOrientationClassify": "sideways"},
+    {"vlmExtraArgs": [1]},
 ]
 TAKEN_BY_BOTH: list[dict[str, Any]] = [
     {"fileType": 1.0},
@@ -102,7 +108,8 @@ def answers() -> dict[str, list[dict[str, Any]]]:
                     response = await client.post("/restructure-pages", json=body)
                     assert response.status_code == 200, response.text
                     got["restructure"].append(response.json())
-                for body in ({"file": "%%%"}, {"file": b64(PNG), "useDocUnwarping": True}):
+                refused = {"file": b64(PNG), "useDocUnwarping": True, "useLayoutDetection": False}
+                for body in ({"file": "%%%"}, refused):
                     got["error"].append((await client.post("/layout-parsing", json=body)).json())
                 unauthorized = await client.post("/restructure-pages", json={}, headers={})
                 got["error"].append(unauthorized.json())

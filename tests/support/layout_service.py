@@ -39,6 +39,28 @@ def tiny_layout_dir() -> Path:
     return folder
 
 
+def tiny_preprocess_dir() -> Path:
+    """The tiny orientation and unwarping checkpoints (`make tiny-preprocess`: orientation/,
+    unwarping/); built by the engine venv if absent."""
+    folder = Path(os.environ.get("TINY_PREPROCESS_DIR", ROOT / ".cache" / "tiny-preprocess"))
+    if not (folder / "unwarping" / "config.json").exists():
+        subprocess.run(
+            [str(ENGINE_VENV / "bin" / "python"), "-m", "tests.support.tiny_preprocess",
+             str(folder)],
+            cwd=ROOT, check=True, timeout=900,
+        )  # fmt: skip
+    return folder
+
+
+def preprocessing_flags() -> tuple[str, ...]:
+    """The flags that give the service the tiny preprocessing checkpoints."""
+    folder = tiny_preprocess_dir()
+    return (
+        "--orientation-model", str(folder / "orientation"),
+        "--unwarping-model", str(folder / "unwarping"),
+    )  # fmt: skip
+
+
 def tail(path: Path, lines: int = 60) -> str:
     """The last lines of a log."""
     try:

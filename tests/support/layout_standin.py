@@ -14,6 +14,11 @@ strays:
 a fault: "ok", "hold" (no answer until `release` is set: a slow service, event-driven),
 "status" (answers `status` with an error body), "malformed" (200 with a body the API does not
 allow), "wrong_size" (measures the page 1 px wider than it is).
+
+Document preprocessing, as the contract says: with `orientation` each page is "classified" as
+`angle` and turned counter-clockwise by it (the real service's turn); with `unwarp` it is
+"flattened" by the identity; each result then carries `angle` and, when the page changed, the
+corrected page as a PNG data URL, and its boxes are asked for that page's size.
 """
 
 from __future__ import annotations
@@ -39,8 +44,11 @@ OVERRIDES = {
     "layout_unclip_ratio": (float, int, list, dict),
     "layout_merge_bboxes_mode": (str, dict),
     "layout_shape_mode": (str,),
+    "orientation": (bool,),
+    "unwarp": (bool,),
 }
 SHAPE_MODES = {"auto", "rect", "quad", "poly"}
+SHIFTS = {90: (1, 0), 180: (1, 1), 270: (0, 1)}  # PaddleX's rotate_image: OpenCV's pixel
 Boxes = Callable[[int, int, int], list[dict[str, Any]]]
 
 
@@ -83,6 +91,8 @@ class LayoutStandin:
     """The stand-in's ASGI app, its behaviour and what it saw (read from the test's thread)."""
 
     boxes: Boxes = field(default=lambda width, height, number: [])
+    angle: int = 0  # what `orientation` finds on every page
+    error_code: str | None = None  # the `code` of mode "status"'s error body
     mode: str = "ok"
     status: int = 500
     ready: bool = True
@@ -110,6 +120,7 @@ class LayoutStandin:
     async def _layout(self, body: bytes, send: Send) -> None:
         try:
             sizes, overrides = self._check(body)
+            images: list[str] = orjson.loads(body)["images"]
         except Complaint as exc:
             self.complaints.append(str(exc))
             await _json(send, 400, _error(str(exc)))
@@ -121,16 +132,38 @@ class LayoutStandin:
         if self.mode == "hold":
             await anyio.to_thread.run_sync(self.release.wait)
         if self.mode == "status":
-            await _json(send, self.status, _error("the stand-in fails on purpose"))
+            failure = _error("the stand-in fails on purpose")
+            failure["error"] |= {"code": self.error_code, "param": "orientation"}
+            await _json(send, self.status, failure)
             return
         if self.mode == "malformed":
             await _json(send, 200, {"results": [{"boxes": "none"}]})
             return
         grow = 1 if self.mode == "wrong_size" else 0
-        results = [
-            {"width": w + grow, "height": h, "boxes": self.boxes(w, h, number)} for w, h in sizes
-        ]
+        if overrides.get("orientation") or overrides.get("unwarp"):
+            results = [self._corrected(url, overrides, number) for url in images]
+        else:
+            results = [
+                {"width": w + grow, "height": h, "boxes": self.boxes(w, h, number)}
+                for w, h in sizes
+            ]
         await _json(send, 200, {"results": results})
+
+    def _corrected(self, url: str, overrides: dict[str, Any], number: int) -> dict[str, Any]:
+        """A page turned by `angle` (with `orientation`) and flattened by the identity."""
+        with Image.open(io.BytesIO(base64.b64decode(url.partition(",")[2]))) as opened:
+            page = opened.convert("RGB")
+        result: dict[str, Any] = {}
+        if overrides.get("orientation"):
+            result["angle"] = self.angle
+            if self.angle:
+                page = _turned(page, self.angle)
+        if overrides.get("unwarp") or result.get("angle"):
+            out = io.BytesIO()
+            page.save(out, format="PNG")
+            result["image"] = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+        boxes = self.boxes(page.width, page.height, number)
+        return {"width": page.width, "height": page.height, "boxes": boxes, **result}
 
     @staticmethod
     def _check(body: bytes) -> tuple[list[tuple[int, int]], dict[str, Any]]:
@@ -153,6 +186,16 @@ class LayoutStandin:
         if overrides.get("layout_shape_mode", "auto") not in SHAPE_MODES:
             raise Complaint(f"`layout_shape_mode` is not one of {sorted(SHAPE_MODES)}")
         return [_size(url) for url in payload["images"]], overrides
+
+
+def _turned(page: Image.Image, angle: int) -> Image.Image:
+    """PaddleX's `rotate_image` at a right angle (the real service's `turned`): the page turned
+    counter-clockwise, shifted one pixel as OpenCV's rotation about `w/2` shifts it."""
+    rotated = page.rotate(angle, expand=True)  # exact at right angles
+    down, right = SHIFTS[angle]
+    out = Image.new("RGB", rotated.size, "black")
+    out.paste(rotated.crop((0, 0, rotated.width - right, rotated.height - down)), (right, down))
+    return out
 
 
 def _size(url: object) -> tuple[int, int]:

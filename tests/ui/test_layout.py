@@ -179,3 +179,24 @@ def test_layout_off_shows_the_page_as_before(browser: Browser, tmp_path: Path, l
         assert browser.find_all(".box") == []
         assert browser.find_all("ol.blocks") == []
         assert service.seen == []
+
+
+def test_the_orientation_and_unwarp_switches_reach_the_layout_service(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """Ticking **orientation** and **unwarp** sends `/v1/ocr`'s switches: the layout service is
+    asked for both, and the page's boxes are drawn over the corrected page it sent back."""
+    with layout_gateway(tmp_path) as (url, _, layout):
+        browser.open(f"{url}/ui")
+        browser.find("#orientation").click()
+        browser.find("#unwarp").click()
+        path = tmp_path / "page.png"
+        path.write_bytes(page_png())
+        browser.read(path, CLIENT_KEY)
+        browser.wait(lambda: browser.state() == "done", SHORT)
+        browser.wait(
+            lambda: browser.script("return document.querySelector('.layout')?.dataset.placed")
+        )
+        assert layout.seen[-1].overrides["orientation"] is True
+        assert layout.seen[-1].overrides["unwarp"] is True
+        assert len(browser.find_all(".box")) == len(BOXES)

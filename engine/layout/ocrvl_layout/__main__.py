@@ -28,6 +28,8 @@ def parse_args(argv: list[str] | None) -> dict[str, Any]:
     )
     add = parser.add_argument
     add("--model", help="PP-DocLayoutV3 checkpoint folder (OCRVL_LAYOUT_MODEL)")
+    add("--orientation-model", help="PP-LCNet doc_ori checkpoint (OCRVL_LAYOUT_ORIENTATION_MODEL)")
+    add("--unwarping-model", help="UVDoc checkpoint (OCRVL_LAYOUT_UNWARPING_MODEL)")
     add("--host", help="address to listen on (default 127.0.0.1)")
     add("--port", type=int, help="port (default 8300; 0: any free port)")
     add("--device", choices=["auto", "cpu", "cuda"], help="default auto: cuda when there is one")

@@ -31,6 +31,7 @@ from ocrvl_layout.metrics import Metrics
 from ocrvl_layout.model import BatchPage, LayoutModel
 from ocrvl_layout.options import LayoutOptions, parse_request
 from ocrvl_layout.postprocess import layout_boxes
+from ocrvl_layout.preprocess import Corrected, Preprocessor
 from ocrvl_layout.settings import Settings
 
 log = logging.getLogger("ocrvl_layout")
@@ -54,6 +55,7 @@ class Service:
         self.settings = settings
         self.metrics = Metrics()
         self.model: LayoutModel | None = None
+        self.preprocessor: Preprocessor | None = None
         self.batcher: Batcher | None = None
         self.failure: str | None = None
         self.pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="layout-work")
@@ -64,8 +66,15 @@ class Service:
         model = await loop.run_in_executor(
             None, lambda: LayoutModel(settings.model, settings.device, compile=settings.compile)
         )
+        preprocessor = await loop.run_in_executor(
+            None,
+            lambda: Preprocessor(
+                settings.orientation_model, settings.unwarping_model, model.device, model.dtype
+            ),
+        )
         sizes = warm_up_sizes(settings.max_batch, compiled=settings.compile)
         seconds = await loop.run_in_executor(None, model.warm_up, sizes)
+        await loop.run_in_executor(None, preprocessor.warm_up)
         self.batcher = Batcher(
             model,
             self.metrics,
@@ -74,9 +83,10 @@ class Service:
             max_queue=settings.max_queue,
         )
         self.batcher.start()
-        self.model = model
+        self.model, self.preprocessor = model, preprocessor
         self.metrics.ready.set(1)
-        return f"{model.describe()}, warm-up {seconds:.1f} s"
+        steps = preprocessor.describe()
+        return f"{model.describe()}{', ' + steps if steps else ''}, warm-up {seconds:.1f} s"
 
     async def close(self) -> None:
         if self.batcher is not None:
@@ -201,30 +211,41 @@ async def _layout(request: Request, service: ServiceDep) -> Response:
     except (ValueError, RecursionError) as error:
         raise InvalidRequest(f"the body is not JSON: {error}", code="invalid_json") from None
     parsed = parse_request(document, num_labels=len(model.labels), max_images=settings.max_images)
+    preprocessing = parsed.orientation or parsed.unwarp
+    if preprocessing and service.preprocessor is not None:
+        service.preprocessor.require(parsed.orientation, parsed.unwarp)
     batcher.check_room(len(parsed.images))  # before decoding: shed load at once
     started = time.monotonic()
-    decoded = await asyncio.gather(
+    pixels = await asyncio.gather(
         *(
-            service.in_pool(_prepare, model, url, i, settings.max_pixels, parsed.options)
+            service.in_pool(decode, url, i, settings.max_pixels)
             for i, url in enumerate(parsed.images)
         )
+    )
+    corrected = [Corrected(page, None, False) for page in pixels]
+    if preprocessing and service.preprocessor is not None:
+        corrected = []
+        for start in range(0, len(pixels), batcher.max_batch):  # at most a layout batch a pass
+            corrected += await batcher.exclusive(
+                service.preprocessor.correct, pixels[start : start + batcher.max_batch],
+                parsed.orientation, parsed.unwarp,
+            )  # fmt: skip
+    decoded = await asyncio.gather(
+        *(service.in_pool(_prepare, model, page.pixels, parsed.options) for page in corrected)
     )
     found = await batcher.run(list(decoded))
     results = await asyncio.gather(
         *(
-            service.in_pool(_result, candidates, model.labels, parsed.options)
-            for candidates in found
+            service.in_pool(_result, candidates, model.labels, parsed.options, page)
+            for candidates, page in zip(found, corrected, strict=True)
         )
     )
     log.debug("%d pages in %.3f s", len(results), time.monotonic() - started)
     return JSONResponse({"results": results})
 
 
-def _prepare(
-    model: LayoutModel, url: str, index: int, max_pixels: int, options: LayoutOptions
-) -> BatchPage:
-    """Decode `images[index]` and resize it for the model (a worker thread)."""
-    pixels = decode(url, index, max_pixels)
+def _prepare(model: LayoutModel, pixels: Any, options: LayoutOptions) -> BatchPage:
+    """A decoded page resized for the model (a worker thread)."""
     height, width = pixels.shape[:2]
     # PaddleX gives transformers' post-processing 0.0 when thresholds are per class
     # (DetTransformersPredictor._get_hf_threshold) and applies them itself afterwards
@@ -232,9 +253,12 @@ def _prepare(
     return BatchPage(model.preprocessing.resize(pixels), width, height, threshold)
 
 
-def _result(candidates: Any, labels: list[str], options: LayoutOptions) -> dict[str, Any]:
+def _result(
+    candidates: Any, labels: list[str], options: LayoutOptions, page: Corrected
+) -> dict[str, Any]:
     boxes = layout_boxes(candidates, labels, options)
-    return {"width": candidates.width, "height": candidates.height, "boxes": boxes}
+    result = {"width": candidates.width, "height": candidates.height, "boxes": boxes}
+    return result | page.shown()
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -14,8 +14,10 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from ocrvl_layout.detections import Candidates
 from ocrvl_layout.errors import Overloaded
@@ -23,6 +25,7 @@ from ocrvl_layout.metrics import Metrics
 from ocrvl_layout.model import BatchPage, LayoutModel
 
 log = logging.getLogger("ocrvl_layout")
+T = TypeVar("T")
 
 
 @dataclass
@@ -79,6 +82,12 @@ class Batcher:
                 f"its queue of {self.max_queue} (--max-queue); retry later",
                 retry_after=math.ceil(passes * self.pass_seconds),
             )
+
+    async def exclusive(self, function: Callable[..., T], *args: Any) -> T:
+        """`function(*args)` in the forward thread, between two batches: the preprocessing
+        models run on the layout model's device, one pass at a time with its passes."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, function, *args)
 
     async def run(self, pages: list[BatchPage]) -> list[Candidates]:
         """Each page's candidates, once the batches holding them have run."""

@@ -55,6 +55,12 @@ class InvalidRequest(LayoutError):
     code = "invalid_value"
 
 
+class NotLoaded(InvalidRequest):
+    """A step the request asks for whose model this service was not started with."""
+
+    code = "model_not_loaded"
+
+
 class PayloadTooLarge(LayoutError):
     """The body is larger than --max-request-bytes."""
 

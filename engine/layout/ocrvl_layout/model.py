@@ -92,6 +92,12 @@ def checkpoint_folder(name: str) -> Path:
         ) from error
 
 
+def place(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """`model` on `device`, in eval mode (transformers' wrappers of both are typed loosely)."""
+    model.to(device)
+    return model.eval()
+
+
 @dataclass(frozen=True)
 class BatchPage:
     """One page of a batch: its resized pixels, the size it was sent at, its score threshold."""

@@ -29,6 +29,8 @@ FIELDS = (
     "layout_unclip_ratio",
     "layout_merge_bboxes_mode",
     "layout_shape_mode",
+    "orientation",
+    "unwarp",
 )
 
 T = TypeVar("T")
@@ -54,6 +56,8 @@ class LayoutRequest:
 
     images: list[str]
     options: LayoutOptions
+    orientation: bool = False  # each page's angle classified and the page turned upright
+    unwarp: bool = False  # each page flattened (UVDoc)
 
 
 def parse_request(body: Any, *, num_labels: int, max_images: int) -> LayoutRequest:
@@ -94,7 +98,15 @@ def parse_request(body: Any, *, num_labels: int, max_images: int) -> LayoutReque
         ),
         layout_shape_mode=_field(body, "layout_shape_mode", default.layout_shape_mode, _shape_mode),
     )  # fmt: skip
-    return LayoutRequest(images=images, options=options)
+    orientation = _field(body, "orientation", False, lambda v: _flag(v, "orientation"))
+    unwarp = _field(body, "unwarp", False, lambda v: _flag(v, "unwarp"))
+    return LayoutRequest(images, options, orientation, unwarp)
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{name} must be true or false; got {quoted(value)}", param=name)
+    return value
 
 
 def _field(body: dict[str, Any], name: str, default: T, check: Callable[[Any], T]) -> T:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_PORT = 8300
@@ -19,6 +19,21 @@ class Settings(BaseSettings):
         description="a PP-DocLayoutV3 checkpoint (transformers' files): a folder, or a Hugging Face"
         " repo id found in (or, online, fetched into) the Hugging Face cache"
     )
+    orientation_model: str | None = Field(
+        None,
+        description="a PP-LCNet_x1_0_doc_ori checkpoint (folder or repo id): requests may ask "
+        "for `orientation`; unset, such a request is refused",
+    )
+    unwarping_model: str | None = Field(
+        None,
+        description="a UVDoc checkpoint (folder or repo id): requests may ask for `unwarp`",
+    )
+
+    @field_validator("orientation_model", "unwarping_model")
+    @classmethod
+    def _unset(cls, value: str | None) -> str | None:
+        return value or None  # an empty variable (compose's `ORIENTATION_MODEL=`) is none
+
     host: str = "127.0.0.1"
     port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="0: any free port")
     device: Literal["auto", "cpu", "cuda"] = "auto"

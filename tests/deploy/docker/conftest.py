@@ -211,6 +211,8 @@ def env_file(folder: Path, keys_dir: Path, port: int) -> Path:
         "OCRVL_KEYS_DIR": str(keys_dir),
         "MODEL": "/models/tiny",
         "LAYOUT_MODEL": "/models/tiny-layout",
+        "ORIENTATION_MODEL": "",  # offline: no preprocessing checkpoints to download
+        "UNWARPING_MODEL": "",
         "OCRVL_TEST_VENV": str(ENGINE_VENV),
         "OCRVL_TEST_PYTHON_HOME": python_home(folder),
         "OCRVL_TEST_MODEL": os.environ.get("TINY_MODEL_DIR", str(ROOT / ".cache" / "tiny-model")),
