@@ -62,6 +62,9 @@ FIELDS = (
     "prettify_markdown",
     "show_formula_number",
     "markdown_images",
+    "ocr_image_blocks",
+    "orientation",
+    "unwarp",
     "cache",  # false: the results cache neither answers nor keeps (docs/cache.md)
 )
 
@@ -203,7 +206,7 @@ def refuse_unknown(fields: Iterable[str]) -> None:
         hint = f"; did you mean `{close[0]}`?" if close else ""
         raise InvalidRequest(
             f"Unrecognized request argument supplied: {clip(name)}{hint} (docs/ocr.md lists "
-            "every field of /v1/ocr and /v1/ocr/jobs)",
+            "every field of /v1/ocr and /v1/ocr/jobs, docs/ocr-layout.md the layout's)",
             param=clip(name),
             code="unknown_parameter",
         )
