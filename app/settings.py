@@ -163,6 +163,13 @@ class Settings(BaseSettings):
         description="Blocks of one /v1/ocr request or job (all its pages) in flight at once, "
         "with the layout pipeline.",
     )
+    loops: Literal["cut", "retry", "off"] = Field(
+        default="cut",
+        description="The loop guard of the document pipeline when a request does not say "
+        "(`loops`): cut stops a block or page whose answer loops and keeps the text before the "
+        "loop; retry also asks once more with a repetition penalty; off relays answers whole "
+        "(docs/ocr.md, Repetition loops).",
+    )
     layout_url: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated base URLs of the layout service (python -m ocrvl_layout); "

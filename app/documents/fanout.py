@@ -19,11 +19,11 @@ from starlette.types import Message, Receive
 
 from app.chat import ChatRequest
 from app.context import RequestContext
-from app.documents import otsl
+from app.documents import otsl, streams
 from app.documents.errors import DocumentError
 from app.documents.job import PROMPTS, OcrJob, PageResult
 from app.documents.layouts import LayoutService
-from app.documents.parsing import BLOCK_MAX_TOKENS, Pipeline, parse_page, read_block
+from app.documents.parsing import BLOCK_MAX_TOKENS, Pipeline, parse_page
 from app.documents.raster import RenderedPage
 from app.documents.workers import Preprocessor
 from app.errors import ClientClosed, GatewayError
@@ -112,10 +112,10 @@ async def _page(
     context = parent.part(f"p{number}", job.model)
     try:
         rendered = await preprocessor.render(job.source, index)
-        response = await relay.complete(
-            page_request(job, rendered), job.model, context, disconnect.receive
+        reply = await streams.answer(
+            relay, page_request(job, rendered), context, disconnect.receive, (job.task, job.loops)
         )
-        result = read_answer(number, bytes(response.body), job.task)
+        result = page_result(number, reply, job.task)
         if job.page_images:
             result.image = rendered.url
     except DocumentError as exc:
@@ -126,6 +126,8 @@ async def _page(
                 "page %d failed: %s", number, exc.message, extra={"request_id": parent.request_id}
             )
         return PageResult(number, error=exc)
+    finally:
+        parent.stops += context.stops
     parent.truncated = parent.truncated or context.truncated
     return result
 
@@ -165,9 +167,11 @@ def page_max_tokens(job: OcrJob) -> int:
     return min(BLOCK_MAX_TOKENS, job.model_len) if job.model_len else BLOCK_MAX_TOKENS
 
 
-def read_answer(number: int, body: bytes, task: str) -> PageResult:
-    """The page's text (a table also as HTML) from the backend's chat completion;
-    UpstreamError when the answer is none (read as a block's is: parsing.read_block)."""
-    text, finish_reason, usage = read_block(body)
-    html = otsl.to_html(text) if task == "table" and otsl.is_otsl(text) else None
-    return PageResult(number, text, finish_reason, usage, html)
+def page_result(number: int, reply: streams.Reply, task: str) -> PageResult:
+    """The page's text (a table also as HTML) from the model's answer; a stopped loop's
+    `stopped` and `loop` with it (app/documents/streams.py)."""
+    html = otsl.to_html(reply.text) if task == "table" and otsl.is_otsl(reply.text) else None
+    result = PageResult(number, reply.text, reply.finish_reason, reply.usage, html)
+    if reply.loop is not None:
+        result.stopped, result.loop = streams.STOPPED, reply.loop
+    return result

@@ -40,6 +40,7 @@ class OcrJob:
     # sampling fields every request of the document carries (temperature, top_p,
     # repetition_penalty: PaddleX's `/layout-parsing`); empty: temperature 0 as PaddleX's client
     sampling: dict[str, float] = field(default_factory=dict)
+    loops: str = "cut"  # the loop guard: cut, retry or off (app/documents/streams.py)
 
 
 @dataclass(slots=True)
@@ -57,6 +58,8 @@ class PageResult:
     blocks: list[dict[str, Any]] | None = field(default=None, repr=False)  # with a layout
     images: dict[str, str] | None = field(default=None, repr=False)  # markdown path -> data URL
     boxes: list[Box] | None = field(default=None, repr=False)  # with a layout: the service's
+    stopped: str | None = None  # whole page: "repetition" when the loop guard stopped it
+    loop: dict[str, Any] | None = None  # and how: {"unit", "tokens"[, "retry"]}
 
     def as_dict(self) -> dict[str, Any]:
         """The page as the API shows it (`error` in OpenAI's shape, only when it failed)."""
@@ -66,7 +69,15 @@ class PageResult:
             "finish_reason": self.finish_reason,
             "usage": self.usage,
         }
-        for name in ("image", "html", "markdown", "blocks", "images"):  # only those it has
+        for name in (
+            "image",
+            "html",
+            "markdown",
+            "blocks",
+            "images",
+            "stopped",
+            "loop",
+        ):  # only those it has
             if (value := getattr(self, name)) is not None:
                 shown[name] = value
         if self.error is not None:
