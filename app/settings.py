@@ -170,6 +170,11 @@ class Settings(BaseSettings):
         "loop; retry also asks once more with a repetition penalty; off relays answers whole "
         "(docs/ocr.md, Repetition loops).",
     )
+    chat_loop_guard: Literal["on", "off"] = Field(
+        default="off",
+        description="on: /v1/chat/completions answers are watched by the loop guard too (a "
+        "request's X-OCRVL-Loop-Guard header says otherwise); off: relayed as they come.",
+    )
     layout_url: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated base URLs of the layout service (python -m ocrvl_layout); "

@@ -12,6 +12,7 @@ from its useful length; the retry's answer is kept when it does not loop, else t
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +93,7 @@ async def answer(
     block's label or the page's task, the mode: cut, retry or off)."""
     label, mode = guard
     if mode == "off":
-        response = await relay.complete(chat, chat.model, context, receive)
+        response = await relay.complete(chat, context.served_model or chat.model, context, receive)
         return Reply(*read_block(bytes(response.body)))
     limit = _max_tokens(chat.payload)
     first = await _watched(relay, _streamed(chat.payload, {}, chat), context, receive, label)
@@ -121,7 +122,7 @@ async def _watched(
         answer.feed(chunk)
         return not watch.sees_loop(answer.text)
 
-    await relay.watch(chat, chat.model, context, receive, reader)
+    await relay.watch(chat, context.served_model or chat.model, context, receive, reader)
     if watch.loop is None:
         context.truncated = context.truncated or answer.finish_reason == "length"
         return Reply(answer.text, answer.finish_reason, answer.usage)
@@ -140,11 +141,15 @@ async def _watched(
 
 
 def _streamed(payload: dict[str, Any], changes: dict[str, Any], chat: ChatRequest) -> ChatRequest:
-    """`payload` as a stream asking for usage on every chunk, with `changes`."""
+    """`payload` as a stream asking for usage on every chunk, with `changes` (a chat request's
+    inline images stay where they are in its raw body: `ChatRequest.encode`)."""
     body = {**payload, **changes, "stream": True, "stream_options": USAGE}
     if "max_completion_tokens" in changes:
         body.pop("max_tokens", None)
-    return ChatRequest(body, orjson.dumps(body), chat.model, stream=True, units=chat.units)
+    return ChatRequest(
+        body, chat.raw, chat.model, stream=True, blobs=chat.blobs, pages=chat.pages,
+        units=chat.units, edited=True,
+    )  # fmt: skip
 
 
 def _max_tokens(payload: dict[str, Any]) -> int | None:
@@ -178,3 +183,24 @@ def read_block(body: bytes) -> tuple[str, str | None, dict[str, Any] | None]:
             f"the backend's answer is not a chat completion: {body[:200]!r}"
         ) from None
     return text, choice.get("finish_reason"), answer.get("usage")
+
+
+def completion(reply: Reply, model: str, request_id: str) -> dict[str, Any]:
+    """A guarded chat request's answer as OpenAI's chat completion (and `loop` when stopped)."""
+    body: dict[str, Any] = {
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": reply.text},
+                "finish_reason": reply.finish_reason,
+            }
+        ],
+        "usage": reply.usage,
+    }
+    if reply.loop is not None:
+        body["loop"] = reply.loop
+    return body
