@@ -222,7 +222,8 @@ class StandinVLM:
     # a fake fault: one `OCR:` block in `fake_loop_every` (chosen by its pixels) loops to its
     # token limit, as PaddleOCR-VL now and then does (0: none)
     fake_loop_every: int = 0
-    token_seconds: float = 0.0  # a stream's pause between two tokens
+    token_seconds: float = 0.0  # the pace of decoding: between two streamed tokens, or per token
+    # of a whole answer before it is sent
     streamed: list[tuple[Received, int, int]] = field(default_factory=list)  # (request,
     # tokens sent before the stream ended or the client left, tokens it would have sent)
 
@@ -260,6 +261,7 @@ class StandinVLM:
         if request.body.get("stream"):
             await self._stream((receive, send), model, tokens, request, finish)
         else:
+            await asyncio.sleep(self.token_seconds * len(tokens))  # the time to decode them
             await _json(send, 200, _completion(model, "".join(tokens), len(tokens), finish))
 
     async def _stream(
