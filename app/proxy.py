@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -89,7 +89,7 @@ class Relay:
         served: str,
         context: RequestContext,
         receive: Receive,
-        reader: Callable[[bytes], bool],
+        reader: Callable[[bytes], Awaitable[bool]],
     ) -> None:
         """Relay `chat` (a stream) and hand each chunk of its answer to `reader` until the
         answer ends or `reader` has had enough (returns False): the stream is then closed, and
@@ -104,7 +104,7 @@ class Relay:
                 while chunk:
                     if usage is not None:
                         usage.feed(chunk)
-                    if not reader(chunk) or rest is None:
+                    if not await reader(chunk) or rest is None:
                         return
                     chunk = await _next(rest, context)
             finally:

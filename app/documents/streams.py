@@ -42,16 +42,19 @@ class Answer:
     usage: dict[str, Any] | None = None
     _pending: bytes = b""
 
-    def feed(self, chunk: bytes) -> None:
-        """Read the whole events of `chunk` (an event cut by the network waits for the rest)."""
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        """Read the whole events of `chunk` (an event cut by the network waits for the rest);
+        returns them, parsed (`[DONE]` left out)."""
         data = self._pending + chunk
         *events, self._pending = data.split(b"\n\n")
+        read = []
         for event in events:
             for line in event.split(b"\n"):
                 if line.startswith(b"data:") and (payload := line[5:].strip()) != b"[DONE]":
-                    self._read(payload)
+                    read.append(self._read(payload))
+        return read
 
-    def _read(self, payload: bytes) -> None:
+    def _read(self, payload: bytes) -> dict[str, Any]:
         try:
             event = orjson.loads(payload)
         except orjson.JSONDecodeError:
@@ -69,6 +72,7 @@ class Answer:
             delta = choice.get("delta") or {}
             self.text += delta.get("content") or ""
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        return event
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +99,8 @@ async def answer(
     if mode == "off":
         response = await relay.complete(chat, context.served_model or chat.model, context, receive)
         return Reply(*read_block(bytes(response.body)))
-    limit = _max_tokens(chat.payload)
-    first = await _watched(relay, _streamed(chat.payload, {}, chat), context, receive, label)
+    limit = max_tokens(chat.payload)
+    first = await _watched(relay, streamed(chat.payload, {}, chat), context, receive, label)
     if first.loop is None or mode != "retry":
         return first
     useful = _useful_tokens(first)
@@ -104,7 +108,7 @@ async def answer(
         "repetition_penalty": max(RETRY_PENALTY, float(chat.payload.get("repetition_penalty", 1))),
         "max_completion_tokens": min(limit or useful, 2 * useful + RETRY_ROOM),
     }
-    again = await _watched(relay, _streamed(chat.payload, retry, chat), context, receive, label)
+    again = await _watched(relay, streamed(chat.payload, retry, chat), context, receive, label)
     usage = _summed(first.usage, again.usage)
     if again.loop is None:
         return Reply(again.text, again.finish_reason, usage, {**first.loop, "retry": "answer"})
@@ -116,16 +120,25 @@ async def _watched(
 ) -> Reply:
     """One streamed answer, stopped and cut if it loops."""
     answer, watch = Answer(), loops.Watch(loops.limits(label))
-    limit = _max_tokens(chat.payload)  # read now: the relay takes the body
+    limit = max_tokens(chat.payload)  # read now: the relay takes the body
 
-    def reader(chunk: bytes) -> bool:
+    async def reader(chunk: bytes) -> bool:
         answer.feed(chunk)
         return not watch.sees_loop(answer.text)
 
     await relay.watch(chat, context.served_model or chat.model, context, receive, reader)
+    return ended(answer, watch, (label, limit), context)
+
+
+def ended(
+    answer: Answer, watch: loops.Watch, guard: tuple[str, int | None], context: RequestContext
+) -> Reply:
+    """A watched answer as it ended: whole, or stopped at a loop (cut, counted on `context`
+    and logged); `guard`: (its label, its max_tokens)."""
     if watch.loop is None:
         context.truncated = context.truncated or answer.finish_reason == "length"
         return Reply(answer.text, answer.finish_reason, answer.usage)
+    label, limit = guard
     spent = int((answer.usage or {}).get("completion_tokens") or 0)
     avoided = max((limit or spent) - spent, 0)
     context.stops.append((label, avoided))
@@ -140,7 +153,7 @@ async def _watched(
     return Reply(watch.loop.cut(answer.text), STOPPED, answer.usage, loop, len(answer.text))
 
 
-def _streamed(payload: dict[str, Any], changes: dict[str, Any], chat: ChatRequest) -> ChatRequest:
+def streamed(payload: dict[str, Any], changes: dict[str, Any], chat: ChatRequest) -> ChatRequest:
     """`payload` as a stream asking for usage on every chunk, with `changes` (a chat request's
     inline images stay where they are in its raw body: `ChatRequest.encode`)."""
     body = {**payload, **changes, "stream": True, "stream_options": USAGE}
@@ -152,7 +165,7 @@ def _streamed(payload: dict[str, Any], changes: dict[str, Any], chat: ChatReques
     )  # fmt: skip
 
 
-def _max_tokens(payload: dict[str, Any]) -> int | None:
+def max_tokens(payload: dict[str, Any]) -> int | None:
     limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
     return limit if isinstance(limit, int) else None
 

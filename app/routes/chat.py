@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from app import catalog, chat, policy
+from app import catalog, chat, policy, repetition
 from app.auth import authenticate
 from app.bodies import capped
 from app.context import RequestContext
-from app.documents import streams
 from app.errors import GatewayError, InvalidRequest, PayloadTooLarge, error_response, quoted
 from app.quotas.asgi import admit, widen
 from app.state import Gateway
@@ -49,13 +47,13 @@ async def chat_completions(request: Request) -> Response:
     gateway.images.check(parsed)  # what the model cannot take: 400 here, from image headers
     parsed, context.images_resized = await gateway.images.fit(parsed)  # OCRVL_RESIZE_IMAGES
     if loop_guarded(request, gateway.settings.chat_loop_guard, parsed):
-        return await guarded(gateway, parsed, context, request.receive)
+        return await repetition.answer(gateway.relay, parsed, context, request.receive)
     return await gateway.relay.complete(parsed, context.served_model, context, request.receive)
 
 
 def loop_guarded(request: Request, default: str, parsed: chat.ChatRequest) -> bool:
     """Whether the loop guard watches this chat request: `X-OCRVL-Loop-Guard: on|off`, else
-    OCRVL_CHAT_LOOP_GUARD; one sequence (`n` 1), whole answers (docs/ocr.md)."""
+    OCRVL_CHAT_LOOP_GUARD; one sequence (`n` 1) only (docs/ocr.md)."""
     wanted = request.headers.get(LOOP_GUARD_HEADER, default).strip().lower()
     if wanted not in ("on", "off"):
         raise InvalidRequest(
@@ -63,18 +61,7 @@ def loop_guarded(request: Request, default: str, parsed: chat.ChatRequest) -> bo
             param=LOOP_GUARD_HEADER,
             code="invalid_value",
         )
-    return wanted == "on" and parsed.pages == 1 and not parsed.stream
-
-
-async def guarded(
-    gateway: Gateway, parsed: chat.ChatRequest, context: RequestContext, receive: Receive
-) -> Response:
-    """The answer watched by the loop guard (app/documents/streams.py), stopped and cut if it
-    loops, as OpenAI's chat completion."""
-    model = parsed.model
-    reply = await streams.answer(gateway.relay, parsed, context, receive, ("chat", "cut"))
-    body = streams.completion(reply, model, context.request_id)
-    return Response(orjson.dumps(body), media_type="application/json")
+    return wanted == "on" and parsed.pages == 1
 
 
 class ChatEndpoint:
