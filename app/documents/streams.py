@@ -103,10 +103,10 @@ async def answer(
     first = await _watched(relay, streamed(chat.payload, {}, chat), context, receive, label)
     if first.loop is None or mode != "retry":
         return first
-    useful = _useful_tokens(first)
+    room = 2 * _useful_tokens(first) + RETRY_ROOM  # its useful length twice, and some
     retry = {
         "repetition_penalty": max(RETRY_PENALTY, float(chat.payload.get("repetition_penalty", 1))),
-        "max_completion_tokens": min(limit or useful, 2 * useful + RETRY_ROOM),
+        "max_completion_tokens": min(limit, room) if limit else room,
     }
     again = await _watched(relay, streamed(chat.payload, retry, chat), context, receive, label)
     usage = _summed(first.usage, again.usage)

@@ -5,6 +5,7 @@ before its loop and the unit once, says so, and is counted; `loops=retry` asks o
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -54,11 +55,13 @@ def cut_of(text: str, label: str) -> tuple[str, int]:
     return loop.cut(text), loop.size
 
 
-async def test_a_looping_block_is_stopped_cut_flagged_and_counted() -> None:
+async def test_a_looping_block_is_stopped_cut_flagged_and_counted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """The text block loops: it keeps the text before the loop and one `lorem ipsum`, says
     `stopped: repetition` with the unit and the tokens spent, finish_reason "repetition";
     the markdown has the unit once; the table block is untouched; /metrics counts the stop
-    and the tokens it avoided."""
+    and the tokens it avoided; one log line says so, without the text."""
     with (
         serving(FakeLoopingVLLM()) as fake,
         serving(LayoutStandin(boxes=lambda w, h, n: BOXES)) as layout,
@@ -90,6 +93,11 @@ async def test_a_looping_block_is_stopped_cut_flagged_and_counted() -> None:
     limit = fake.bodies[0]["max_completion_tokens"]
     avoided = f'ocrvl_loop_tokens_avoided_total{{route="/v1/ocr"}} {float(limit - spent)}'
     assert avoided in metrics
+    logged = [orjson.loads(x) for x in capsys.readouterr().err.splitlines() if x.startswith("{")]
+    (line,) = [x for x in logged if x["msg"] == "loop stopped"]  # the gateway's JSON log
+    assert (line["label"], line["unit_chars"], line["tokens"]) == ("text", 12, spent)
+    assert line["request_id"].endswith("-p1-b0")
+    assert "lorem" not in str(line)
 
 
 @pytest.mark.parametrize("stubborn", [False, True], ids=["retry-kept", "retry-loops-too"])
@@ -162,3 +170,33 @@ async def test_an_unknown_loops_mode_is_refused() -> None:
     error = response.json()["error"]
     assert (error["param"], error["code"]) == ("loops", "invalid_value")
     assert "cut, retry, off" in error["message"]
+
+
+async def test_a_job_keeps_its_loops_mode_and_counts_its_stops_under_jobs(tmp_path: Path) -> None:
+    """A job submitted with loops=retry asks its looping block again (the mode is kept in the
+    job's spec, read by the runner); its stop counts under route "jobs"."""
+    with (
+        serving(FakeLoopingVLLM()) as fake,
+        serving(LayoutStandin(boxes=lambda w, h, n: BOXES[:1])) as layout,
+    ):
+        async with gateway(fake, layout, data_dir=tmp_path) as client:
+            submitted = await client.post(
+                "/v1/ocr/jobs", files=upload(), data={"layout": "on", "loops": "retry"}
+            )
+            assert submitted.status_code == 202, submitted.text
+            location = f"/v1/ocr/jobs/{submitted.json()['id']}"
+            for _ in range(60):  # each long poll returns when the status changes
+                job = (await client.get(location, params={"wait": "5"})).json()
+                if job["status"] not in ("queued", "running"):
+                    break
+            result = (await client.get(f"{location}/result")).json()
+            metrics = (await client.get("/metrics")).text
+    assert job["status"] == "succeeded"
+    (block,) = result["pages"][0]["blocks"]
+    assert (block["stopped"], block["loop"]["retry"], block["text"]) == (
+        "repetition",
+        "answer",
+        CLEAN,
+    )
+    assert len(fake.bodies) == 2
+    assert 'ocrvl_loops_stopped_total{label="text",route="jobs"} 1.0' in metrics
