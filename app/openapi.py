@@ -86,6 +86,9 @@ class OcrFields(BaseModel):
     stream: bool = False
     page_images: bool = False
     layout: Literal["auto", "on", "off"] = "auto"
+    loops: Literal["cut", "retry", "off"] | None = Field(
+        default=None, description="the loop guard; default OCRVL_LOOPS (docs/ocr.md)"
+    )
 
 
 class OcrUpload(OcrFields):

@@ -34,7 +34,7 @@ async def answer(
     if chat.stream:
         return GuardedStream(relay, chat, context)
     reply = await streams.answer(relay, chat, context, receive, (LABEL, "cut"))
-    body = streams.completion(reply, chat.model, context.request_id)
+    body = streams.completion(reply, context.served_model or chat.model, context.request_id)
     return Response(orjson.dumps(body), media_type="application/json")
 
 
@@ -48,7 +48,8 @@ class GuardedStream(Response):
             {"content-type": "text/event-stream", "cache-control": "no-cache",
              "x-accel-buffering": "no"}
         )  # fmt: skip
-        self._relay, self._context, self._model = relay, context, chat.model
+        self._relay, self._context = relay, context
+        self._model = context.served_model or chat.model  # as the engine names it
         options = chat.payload.get("stream_options")
         options = options if isinstance(options, dict) else {}
         self._usage = options.get("include_usage") is True  # the client's own wish
@@ -64,14 +65,13 @@ class GuardedStream(Response):
             events = answer.feed(chunk)
             looped = watch.sees_loop(answer.text)
             await self._start(send)
-            body = b"".join(self._event(event) for event in events if not looped)
+            body = b"".join(self._event(event) for event in events)
             if body:
                 await send({"type": "http.response.body", "body": body, "more_body": True})
             return not looped
 
-        served = self._context.served_model or self._model
         try:
-            await self._relay.watch(self._chat, served, self._context, receive, reader)
+            await self._relay.watch(self._chat, self._model, self._context, receive, reader)
         except ClientClosed:
             self._context.status = CLIENT_CLOSED
             return
@@ -99,7 +99,6 @@ class GuardedStream(Response):
             return b""
         if not self._every:
             event.pop("usage", None)
-        event["model"] = self._model
         return b"data: " + orjson.dumps(event) + b"\n\n"
 
     def _end(self, reply: streams.Reply) -> bytes:

@@ -8,6 +8,8 @@ resize      PaddleOCR-VL's `smart_resize`, EXIF orientation, RGB, encoding
 workers     the process pool the lifespan owns (OCRVL_PREPROCESS_WORKERS)
 job         what to read (OcrJob) and each page's answer (PageResult): fanout and parsing share them
 fanout      pages to the backends through the same relay as chat, bounded per request
+streams     each page's and block's answer asked as a stream and watched for loops (retry too)
+loops       the loop detector: does an answer's tail repeat one unit, and where to cut it
 otsl        the table model's OTSL tokens as an HTML table
 output      the answer: JSON, an NDJSON stream, or markdown
 errors      DocumentError, the one error the workers raise (a 400 on `file` or `pages`)

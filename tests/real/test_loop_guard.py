@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import httpx
+import orjson
 import pytest
 
 from app.documents import loops
@@ -64,7 +65,41 @@ async def test_a_request_forced_to_loop_is_stopped_within_the_window(
     assert window <= spent <= window + loops.CHECK_EVERY
     assert answer["loop"]["tokens"] == spent
     after = await generated(vllm_server)
+    print(f"window {window}, answer's tokens {spent}, vLLM generated {after - before:g}")
     assert after - before <= window + SLACK  # vLLM's own count: not the 3,000 asked for
+
+
+async def test_a_streamed_request_forced_to_loop_ends_with_the_repetition_event(
+    gateway: GatewayServer, vllm_server: VLLMServer
+) -> None:
+    """Streamed, the same request gets the `…` events the engine sent up to the stop (the
+    window), then finish_reason "repetition", its usage event and [DONE]; vLLM generated no
+    more than the window."""
+    window = loops.TEXT.need(1)
+    before = await generated(vllm_server)
+    forced = body(
+        vllm_server, 3000, logit_bias={str(ELLIPSIS): 100}, ignore_eos=True, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    async with httpx.AsyncClient(timeout=300) as client:
+        response = await client.post(
+            f"{gateway.url}/v1/chat/completions",
+            json=forced,
+            headers={"authorization": f"Bearer {gateway.api_key}", **GUARD},
+        )
+    assert response.status_code == 200, response.text
+    events = [block[6:] for block in response.text.split("\n\n") if block.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    last, usage = orjson.loads(events[-3]), orjson.loads(events[-2])
+    assert last["choices"][0]["finish_reason"] == "repetition"
+    assert usage["usage"]["completion_tokens"] == last["loop"]["tokens"]
+    text = "".join(
+        (orjson.loads(e)["choices"] or [{"delta": {}}])[0]["delta"].get("content") or ""
+        for e in events[:-3]
+    )
+    assert set(text) == {"…"}
+    assert window <= len(text) <= window + loops.CHECK_EVERY
+    assert await generated(vllm_server) - before <= window + SLACK
 
 
 async def test_a_normal_request_is_the_same_with_the_guard_on_and_off(
