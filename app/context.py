@@ -40,6 +40,8 @@ class RequestContext:
     queued_seconds: float = 0.0  # waiting in the admission queue for a backend slot
     upstream_error: str | None = None
     truncated: bool = False  # the answer hit its token limit (finish_reason "length")
+    # answers the loop guard stopped (app/documents/streams.py): (label, decode tokens avoided)
+    stops: list[tuple[str, int]] = field(default_factory=list)
     images_resized: int = 0  # chat images the gateway brought to the model's size
     # what the engine answered, by its own `usage` (app/usage): answers that came back (a chat
     # request: one; /v1/ocr: its pages summed here), and their tokens
@@ -220,6 +222,7 @@ class RequestContextMiddleware:
             self.metrics.upstream_errors.labels(context.upstream_error).inc()
         if context.truncated:
             self.metrics.truncated.labels(route).inc()
+        self.metrics.count_stops(route, context.stops)
         log.info(
             "request",
             extra={

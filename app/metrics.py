@@ -91,6 +91,20 @@ class Metrics:
             ["key", "limit"],
             registry=self.registry,
         )
+        self.loops_stopped = Counter(
+            "ocrvl_loops_stopped",
+            "Answers of the document pipeline (and guarded chat) the loop guard stopped, by "
+            "route and block label (a whole page: its task).",
+            ["route", "label"],
+            registry=self.registry,
+        )
+        self.loop_tokens_avoided = Counter(
+            "ocrvl_loop_tokens_avoided",
+            "Decode tokens the loop guard's stops saved: each stopped answer's max_tokens less "
+            "the tokens it had generated.",
+            ["route"],
+            registry=self.registry,
+        )
         # usage per key (ocrvl_usage_*) is exported by app/usage's own collector
         self.budget_refused = Counter(
             "ocrvl_budget_refused",
@@ -119,6 +133,12 @@ class Metrics:
             "Bytes the results cache holds (every key), at its last sweep (OCRVL_CACHE_MAX_BYTES).",
             registry=self.registry,
         )
+
+    def count_stops(self, route: str, stops: list[tuple[str, int]]) -> None:
+        """Count the answers the loop guard stopped: (label, decode tokens avoided) each."""
+        for label, avoided in stops:
+            self.loops_stopped.labels(route, label).inc()
+            self.loop_tokens_avoided.labels(route).inc(avoided)
 
     def watch_backends(self, read: BackendReadings) -> Collector:
         """Export per-backend load and capacity, read from `read` at each scrape; the lifespan

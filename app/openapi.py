@@ -89,6 +89,9 @@ class OcrFields(BaseModel):
     page_images: bool = False
     layout: Literal["auto", "on", "off"] = "auto"
     cache: bool = Field(default=True, description="false: the results cache is bypassed")
+    loops: Literal["cut", "retry", "off"] | None = Field(
+        default=None, description="the loop guard; default OCRVL_LOOPS (docs/loops.md)"
+    )
 
 
 class OcrUpload(OcrFields):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -82,6 +82,33 @@ class Relay:
             count_answer(context, head)
         media_type = upstream.headers.get("content-type", "application/json")
         return Response(head, status_code=upstream.status_code, media_type=media_type)
+
+    async def watch(
+        self,
+        chat: ChatRequest,
+        served: str,
+        context: RequestContext,
+        receive: Receive,
+        reader: Callable[[bytes], Awaitable[bool]],
+    ) -> None:
+        """Relay `chat` (a stream) and hand each chunk of its answer to `reader` until the
+        answer ends or `reader` has had enough (returns False): the stream is then closed, and
+        vLLM aborts the rest of the generation (app/documents/streams.py, the loop guard)."""
+        deadline = time.monotonic() + self._timeout - context.elapsed()
+        async with Guarded(receive, deadline, self._timeout, context):
+            lease, upstream, head, rest = await self._answer(chat, served, context)
+            context.answered += 1
+            usage = StreamUsage(context, strip=False) if self._metering else None
+            try:
+                chunk = head
+                while chunk:
+                    if usage is not None:
+                        usage.feed(chunk)
+                    if not await reader(chunk) or rest is None:
+                        return
+                    chunk = await _next(rest, context)
+            finally:
+                await _close(upstream, lease)
 
     async def _answer(
         self, chat: ChatRequest, served: str, context: RequestContext, splice: bool = False
@@ -256,6 +283,18 @@ class RelayStream(Response):
                 return UpstreamError(f"the backend's stream broke: {describe(exc)}")
             finally:
                 self._context.upstream_seconds += time.perf_counter() - started
+
+
+async def _next(chunks: AsyncIterator[bytes], context: RequestContext) -> bytes:
+    """A stream's next chunk (b"" at its end); a broken stream raises UpstreamError."""
+    started = time.perf_counter()
+    try:
+        return await anext(chunks, b"")
+    except httpx.HTTPError as exc:
+        context.upstream_error = "stream_broken"
+        raise UpstreamError(f"the backend's stream broke: {describe(exc)}") from exc
+    finally:
+        context.upstream_seconds += time.perf_counter() - started
 
 
 async def _head(

@@ -163,6 +163,18 @@ class Settings(BaseSettings):
         description="Blocks of one /v1/ocr request or job (all its pages) in flight at once, "
         "with the layout pipeline.",
     )
+    loops: Literal["cut", "retry", "off"] = Field(
+        default="cut",
+        description="The loop guard of the document pipeline when a request does not say "
+        "(`loops`): cut stops a block or page whose answer loops and keeps the text before the "
+        "loop; retry also asks once more with a repetition penalty; off relays answers whole "
+        "(docs/loops.md).",
+    )
+    chat_loop_guard: Literal["on", "off"] = Field(
+        default="off",
+        description="on: /v1/chat/completions answers (n 1) are watched by the loop guard too "
+        "(a request's X-OCRVL-Loop-Guard header says otherwise); off: relayed as they come.",
+    )
     layout_url: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated base URLs of the layout service (python -m ocrvl_layout); "
@@ -271,7 +283,7 @@ class Settings(BaseSettings):
         description="Seconds a gateway's claim on a job lasts unrenewed: after a crash, another "
         "replica takes the job over this long after the last renewal.",
     )
-    # -- the results cache and Idempotency-Key (docs/ocr.md, Results cache) --
+    # -- the results cache and Idempotency-Key (docs/cache.md) --
     cache: Literal["on", "off"] = Field(
         default="on",
         description="on: a page read once is answered again from the results cache (per key, "

@@ -10,6 +10,8 @@ job         what to read (OcrJob) and each page's answer (PageResult): fanout an
 fanout      pages to the backends through the same relay as chat, bounded per request
 digests     runs in the worker processes: a page's content hash, for the results cache
 cache       the results cache as pages consult it: a page's key, its answer kept and read back
+streams     each page's and block's answer asked as a stream and watched for loops (retry too)
+loops       the loop detector: does an answer's tail repeat one unit, and where to cut it
 otsl        the table model's OTSL tokens as an HTML table
 output      the answer: JSON, an NDJSON stream, or markdown
 page_markdown  one page's markdown, as the server and `ocrvl ocr` both write it

@@ -44,7 +44,7 @@ PIPELINE_VERSION = 1  # bump when the pipeline answers the same page differently
 # `size` are the page the layout service turned or flattened, which /layout-parsing draws on
 KEPT = (
     "text", "finish_reason", "usage", "html", "markdown", "blocks", "images", "empty",
-    "spotting", "angle", "corrected", "size",
+    "spotting", "angle", "corrected", "size", "stopped", "loop",
 )  # fmt: skip
 Work = Callable[[RenderedPage | None], Awaitable[PageResult]]
 
@@ -61,6 +61,7 @@ def options_of(job: OcrJob, model_entry: dict[str, Any] | None) -> dict[str, Any
         "pixels": [job.source.dpi, job.source.min_pixels, job.source.max_pixels],
         "sampling": job.sampling,
         "max_tokens": [job.max_tokens, job.model_len],  # what the page asks for (fanout)
+        "loops": job.loops,  # cut, retry or off: the loop guard's answer differs
     }
 
 

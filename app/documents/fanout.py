@@ -19,12 +19,12 @@ from starlette.types import Message, Receive
 
 from app.chat import ChatRequest
 from app.context import RequestContext
-from app.documents import answers, otsl, spotting
+from app.documents import answers, otsl, spotting, streams
 from app.documents.cache import PageCache
 from app.documents.errors import DocumentError
 from app.documents.job import PROMPTS, OcrJob, PageResult
 from app.documents.layouts import LayoutService
-from app.documents.parsing import BLOCK_MAX_TOKENS, Pipeline, parse_page, read_block
+from app.documents.parsing import BLOCK_MAX_TOKENS, Pipeline, parse_page
 from app.documents.raster import RenderedPage
 from app.documents.workers import Preprocessor
 from app.errors import ClientClosed, GatewayError
@@ -123,10 +123,10 @@ async def _page(
     context = parent.part(f"p{number}", job.model)
     try:
         rendered = rendered or await preprocessor.render(job.source, index)
-        response = await relay.complete(
-            page_request(job, rendered), job.model, context, disconnect.receive
+        reply = await streams.answer(
+            relay, page_request(job, rendered), context, disconnect.receive, (job.task, job.loops)
         )
-        result = read_answer(number, bytes(response.body), job.task, rendered.page_size)
+        result = page_result(number, reply, job.task, rendered.page_size)
         if job.page_images:
             result.image = rendered.url
     except DocumentError as exc:
@@ -137,6 +137,8 @@ async def _page(
                 "page %d failed: %s", number, exc.message, extra={"request_id": parent.request_id}
             )
         return PageResult(number, error=exc)
+    finally:
+        parent.stops += context.stops
     parent.truncated = parent.truncated or context.truncated
     return result
 
@@ -178,16 +180,19 @@ def page_max_tokens(job: OcrJob) -> int:
     return min(BLOCK_MAX_TOKENS, job.model_len) if job.model_len else BLOCK_MAX_TOKENS
 
 
-def read_answer(
-    number: int, body: bytes, task: str, size: tuple[int, int] | None = None
+def page_result(
+    number: int, reply: streams.Reply, task: str, size: tuple[int, int] | None = None
 ) -> PageResult:
     """The page's text (a table also as HTML; spotted regions with their polygons in the
     pixels of the page, `size`, the answer first cut of loops as PaddleX cuts a block's) from
-    the backend's chat completion; UpstreamError when there is none (parsing.read_block)."""
-    text, finish_reason, usage = read_block(body)
+    the model's answer; a stopped loop's `stopped` and `loop` with it (app/documents/streams.py)."""
+    text = reply.text
     html = otsl.to_html(text) if task == "table" and otsl.is_otsl(text) else None
     spotted = None
     if task == "spotting" and size is not None:
         text, regions = spotting.read(answers.content(task, text), *size)
         spotted = [{"text": r.text, "polygon": [list(p) for p in r.polygon]} for r in regions]
-    return PageResult(number, text, finish_reason, usage, html, spotting=spotted)
+    result = PageResult(number, text, reply.finish_reason, reply.usage, html, spotting=spotted)
+    if reply.loop is not None:
+        result.stopped, result.loop = streams.STOPPED, reply.loop
+    return result

@@ -42,6 +42,7 @@ class OcrJob:
     # sampling fields every request of the document carries (temperature, top_p,
     # repetition_penalty: PaddleX's `/layout-parsing`); empty: temperature 0 as PaddleX's client
     sampling: dict[str, float] = field(default_factory=dict)
+    loops: str = "cut"  # the loop guard: cut, retry or off (app/documents/streams.py)
 
 
 @dataclass(slots=True)
@@ -65,6 +66,8 @@ class PageResult:
     angle: int | None = None  # with `orientation`: the page was turned counter-clockwise by it
     corrected: str | None = field(default=None, repr=False)  # the page turned or flattened
     size: tuple[int, int] | None = field(default=None, repr=False)  # the page the boxes are on
+    stopped: str | None = None  # whole page: "repetition" when the loop guard stopped it
+    loop: dict[str, Any] | None = None  # and how: {"unit", "tokens"[, "retry"]}
 
     def as_dict(self) -> dict[str, Any]:
         """The page as the API shows it (`error` in OpenAI's shape, only when it failed)."""
@@ -74,7 +77,18 @@ class PageResult:
             "finish_reason": self.finish_reason,
             "usage": self.usage,
         }
-        for name in ("image", "html", "markdown", "blocks", "images", "empty", "spotting", "angle"):
+        for name in (
+            "image",
+            "html",
+            "markdown",
+            "blocks",
+            "images",
+            "empty",
+            "spotting",
+            "angle",
+            "stopped",
+            "loop",
+        ):  # only those it has
             if (value := getattr(self, name)) is not None:
                 shown[name] = value
         if self.cached:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.documents import answers
+from app.documents import answers, loops
 from app.documents.crops import PagePlan, PlannedBlock
 from app.documents.layout_options import LayoutOptions
 
@@ -41,6 +41,7 @@ class BlockAnswer:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
+    loop: dict[str, Any] | None = None  # the loop guard stopped it: {"unit", "tokens"[, "retry"]}
 
 
 @dataclass(slots=True)
@@ -86,16 +87,16 @@ def assemble(
     entries = _entries(kept, options)
     usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     sent = failed = 0
-    lengthy = False
+    reasons = set()
     for block in kept:
         if block.answer is None:
             continue
         sent += 1
         failed += block.answer.error is not None
-        lengthy = lengthy or block.answer.finish_reason == "length"
+        reasons.add(block.answer.finish_reason)
         for name in usage:
             usage[name] += int((block.answer.usage or {}).get(name) or 0)
-    finish = "length" if lengthy else "stop"
+    finish = next((r for r in ("length", loops.STOPPED) if r in reasons), "stop")
     text = _markdown(kept, options, plan.width)
     return Parsed(entries, text, plan.images, usage, finish, sent, failed)
 
@@ -132,6 +133,8 @@ def _entries(kept: Sequence[_Block], options: LayoutOptions) -> list[dict[str, A
             entry["usage"] = block.answer.usage
             if block.answer.error is not None:
                 entry["error"] = block.answer.error
+            if block.answer.loop is not None:
+                entry["stopped"], entry["loop"] = loops.STOPPED, block.answer.loop
         entries.append(entry)
     return entries
 

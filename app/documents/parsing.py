@@ -21,14 +21,14 @@ from starlette.types import Receive
 
 from app.chat import ChatRequest
 from app.context import RequestContext
-from app.documents import crops, markdown
+from app.documents import crops, markdown, streams
 from app.documents.crops import PagePlan, PlannedBlock
 from app.documents.errors import DocumentError
 from app.documents.job import NO_BLOCKS, OcrJob, PageResult
 from app.documents.layouts import LayoutService
 from app.documents.markdown import BlockAnswer
 from app.documents.workers import Preprocessor
-from app.errors import ClientClosed, GatewayError, UpstreamError
+from app.errors import ClientClosed, GatewayError
 from app.proxy import Relay
 
 log = logging.getLogger("ocrvl.documents")
@@ -130,16 +130,18 @@ async def _read(
         async with tools.blocks:
             if tools.gone is not None and tools.gone.is_set():
                 raise ClientClosed("the client closed the connection")
-            response = await tools.relay.complete(
-                block_request(job, block), job.model, context, receive
+            guard = (block.label, job.loops)
+            reply = await streams.answer(
+                tools.relay, block_request(job, block), context, receive, guard
             )
-        text, finish_reason, usage = read_block(bytes(response.body))
     except tools.transient:
         raise
     except GatewayError as exc:
         return BlockAnswer(error=exc.body()["error"]), exc
+    finally:
+        parent.stops += context.stops
     parent.truncated = parent.truncated or context.truncated
-    return BlockAnswer(text, finish_reason, usage), None
+    return BlockAnswer(reply.text, reply.finish_reason, reply.usage, loop=reply.loop), None
 
 
 def block_request(job: OcrJob, block: PlannedBlock) -> ChatRequest:
@@ -184,16 +186,3 @@ def max_tokens(job: OcrJob, visual_tokens: int) -> int | None:
         return BLOCK_MAX_TOKENS
     room = job.model_len - visual_tokens - PROMPT_TOKENS
     return min(BLOCK_MAX_TOKENS, room) if room > 0 else None
-
-
-def read_block(body: bytes) -> tuple[str, str | None, dict[str, Any] | None]:
-    """(text, finish_reason, usage) of the backend's chat completion; UpstreamError if none."""
-    try:
-        answer = orjson.loads(body)
-        choice = answer["choices"][0]
-        text = choice["message"].get("content") or ""
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
-        raise UpstreamError(
-            f"the backend's answer is not a chat completion: {body[:200]!r}"
-        ) from None
-    return text, choice.get("finish_reason"), answer.get("usage")

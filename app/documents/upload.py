@@ -28,6 +28,7 @@ from app.documents.layout_options import LayoutOptions, parse_layout
 from app.documents.selection import PageSelection
 from app.errors import InvalidRequest, Overloaded, PayloadTooLarge, clip, quoted
 
+LOOP_MODES = ("cut", "retry", "off")  # the loop guard (app/documents/streams.py)
 DEFAULT_DPI = 144  # PaddleOCR's PDF reader renders at 2x 72 dpi
 DPI_RANGE = (36, 600)
 JSON_OVERHEAD = 64 * 1024  # options around the file in a JSON or multipart body
@@ -66,6 +67,7 @@ FIELDS = (
     "orientation",
     "unwarp",
     "cache",  # false: the results cache neither answers nor keeps (docs/cache.md)
+    "loops",  # the loop guard: cut, retry, off (docs/loops.md)
 )
 
 
@@ -84,6 +86,7 @@ class OcrOptions:
     layout: str = "auto"  # auto, on, off (docs/ocr-layout.md)
     layout_options: LayoutOptions = field(default_factory=LayoutOptions)
     cache: bool = True  # false: the results cache neither answers nor keeps (docs/cache.md)
+    loops: str | None = None  # cut, retry, off (None: OCRVL_LOOPS); docs/loops.md
 
 
 @dataclass(slots=True)
@@ -247,7 +250,21 @@ def parse_options(fields: dict[str, Any]) -> OcrOptions:
         task, selection, dpi, max_tokens, model, _boolean(fields, "stream"),
         _boolean(fields, "page_images"), callback_url, layout, layout_options,
         _boolean(fields, "cache", default=True),
+        _loops(fields.get("loops")),
     )  # fmt: skip
+
+
+def _loops(value: object) -> str | None:
+    """The `loops` option: cut, retry or off (None: the server's OCRVL_LOOPS)."""
+    if value is None or value == "":
+        return None
+    if value not in LOOP_MODES:
+        raise InvalidRequest(
+            f"`loops` must be one of {', '.join(LOOP_MODES)}; got {quoted(value)}",
+            param="loops",
+            code="invalid_value",
+        )
+    return str(value)
 
 
 def _integer(

@@ -17,6 +17,7 @@ class JobEvents:
     """Counts jobs by the status they reach, pages by outcome, and logs each event."""
 
     def __init__(self, metrics: Metrics, background_waiting: Callable[[], int]) -> None:
+        self.metrics = metrics  # the loop guard's stops of a job's pages count under "jobs"
         registry = metrics.registry
         self.metrics = metrics  # the gateway's own (the results cache's counters)
         self.jobs = Counter(

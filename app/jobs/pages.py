@@ -18,9 +18,10 @@ import orjson
 from starlette.types import Message
 
 from app.context import RequestContext
+from app.documents import streams
 from app.documents.cache import PageCache
 from app.documents.errors import DocumentError
-from app.documents.fanout import page_request, read_answer
+from app.documents.fanout import page_request, page_result
 from app.documents.job import OcrJob, PageResult
 from app.documents.layout_options import LayoutOptions
 from app.documents.layouts import LayoutService
@@ -110,6 +111,7 @@ async def _page(work: PageWork, index: int) -> None:
             continue
         break
     failed = result.error is not None
+    work.events.metrics.count_stops("jobs", context.stops)
     work.events.pages.labels("failed" if failed else "done").inc()
     work.events.page_seconds.observe(time.perf_counter() - started)
     usage = result.usage or {}
@@ -153,10 +155,11 @@ async def _read_now(
         return await parse_page(work.ocr, index, pipeline, context, _never)
     try:
         rendered = rendered or await work.preprocessor.render(work.ocr.source, index)
-        response = await work.relay.complete(
-            page_request(work.ocr, rendered), work.ocr.model, context, _never
+        guard = (work.ocr.task, work.ocr.loops)
+        reply = await streams.answer(
+            work.relay, page_request(work.ocr, rendered), context, _never, guard
         )
-        return read_answer(number, bytes(response.body), work.ocr.task, rendered.page_size)
+        return page_result(number, reply, work.ocr.task, rendered.page_size)
     except DocumentError as exc:
         return PageResult(number, error=exc.as_gateway_error())
     except TRANSIENT:
@@ -180,5 +183,5 @@ def ocr_job(job: Job, path: str) -> OcrJob:
     return OcrJob(
         source, list(spec["pages"]), spec["task"], spec["served_model"], spec["max_tokens"],
         layout=LayoutOptions.from_dict(layout) if layout else None,
-        model_len=spec.get("model_len"),
+        model_len=spec.get("model_len"), loops=spec.get("loops", "cut"),
     )  # fmt: skip

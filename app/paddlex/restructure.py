@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.documents.loops import STOPPED
 from app.documents.markdown import SKIP_ORDER_LABELS
 from app.paddlex import tables, titles
 
@@ -38,6 +39,7 @@ class Block:
     global_block_id: int | None = None
     global_group_id: int | None = None
     title_level: int | None = None
+    loop: dict[str, Any] | None = None  # the gateway's loop guard stopped it (docs/loops.md)
 
 
 @dataclass(slots=True)
@@ -142,6 +144,8 @@ def pruned(page: Page, formatted: list[str] | None = None) -> dict[str, Any]:
             entry["global_group_id"] = block.global_group_id
         if block.polygon is not None:
             entry["block_polygon_points"] = block.polygon
+        if block.loop is not None:  # the gateway's own fields: PaddleX's clients ignore them
+            entry["stopped"], entry["loop"] = STOPPED, block.loop
         blocks.append(entry)
     shown: dict[str, Any] = {n: result[n] for n in ("page_count", "width", "height") if n in result}
     shown |= {"model_settings": settings, "parsing_res_list": blocks}

@@ -86,12 +86,14 @@ def page_of(
             }
             return Page(page, [Block(label, [0, 0, width, height], result.text or "")])
         content = answers.content(label, result.text)
-        return Page(page, [Block(label, [0, 0, width, height], content)])
+        return Page(page, [Block(label, [0, 0, width, height], content, loop=result.loop)])
     page["layout_det_res"] = {"boxes": [box_json(box) for box in result.boxes or []]}
     blocks = [
         Block(e["label"], e["bbox"], e["text"], e["group"], e.get("polygon"), e.get("image"))
         for e in result.blocks or []
     ]
+    for block, entry in zip(blocks, result.blocks or [], strict=True):
+        block.loop = entry.get("loop")
     return Page(page, blocks)
 
 

@@ -73,6 +73,7 @@ class InferRequest(_Exports):
     relevelTitles: bool = True
     visualize: bool | None = None
     logId: str | None = None
+    loops: Literal["cut", "retry", "off"] | None = None  # the gateway's loop guard (docs/loops.md)
 
     @field_validator("topP")
     @classmethod

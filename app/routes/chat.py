@@ -7,16 +7,17 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from app import catalog, chat, policy
+from app import catalog, chat, policy, repetition
 from app.auth import authenticate
 from app.bodies import capped
 from app.context import RequestContext
-from app.errors import GatewayError, PayloadTooLarge, error_response, quoted
+from app.errors import GatewayError, InvalidRequest, PayloadTooLarge, error_response, quoted
 from app.quotas.asgi import admit, widen
 from app.state import Gateway
 from app.usage.reading import pages_of
 
 router = APIRouter()
+LOOP_GUARD_HEADER = "x-ocrvl-loop-guard"
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -45,7 +46,22 @@ async def chat_completions(request: Request) -> Response:
     parsed = await gateway.media.inline_chat(parsed)  # vLLM never fetches a URL (docs/ocr.md)
     gateway.images.check(parsed)  # what the model cannot take: 400 here, from image headers
     parsed, context.images_resized = await gateway.images.fit(parsed)  # OCRVL_RESIZE_IMAGES
+    if loop_guarded(request, gateway.settings.chat_loop_guard, parsed):
+        return await repetition.answer(gateway.relay, parsed, context, request.receive)
     return await gateway.relay.complete(parsed, context.served_model, context, request.receive)
+
+
+def loop_guarded(request: Request, default: str, parsed: chat.ChatRequest) -> bool:
+    """Whether the loop guard watches this chat request: `X-OCRVL-Loop-Guard: on|off`, else
+    OCRVL_CHAT_LOOP_GUARD; one sequence (`n` 1) only (docs/ocr.md)."""
+    wanted = request.headers.get(LOOP_GUARD_HEADER, default).strip().lower()
+    if wanted not in ("on", "off"):
+        raise InvalidRequest(
+            f"the {LOOP_GUARD_HEADER} header must be on or off; got {quoted(wanted)}",
+            param=LOOP_GUARD_HEADER,
+            code="invalid_value",
+        )
+    return wanted == "on" and parsed.pages == 1
 
 
 class ChatEndpoint:

@@ -154,6 +154,7 @@ async def _checked_job(
         "callback_url": options.callback_url,
         "layout": layout.as_dict() if layout is not None else None,
         "model_len": policy.model_length(gateway.pool.served_models().get(model)),
+        "loops": options.loops or gateway.settings.loops,
     }  # fmt: skip
     return Job(new_job_id(), key, spec, len(pages), size, time.time())
 

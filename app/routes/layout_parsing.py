@@ -68,7 +68,7 @@ async def layout_parsing(
         job = OcrJob(
             source, found.indexes, infer.promptLabel or "ocr", context.served_model,
             infer.maxNewTokens, layout=layout, model_len=model_len,
-            sampling=options.sampling(infer),
+            sampling=options.sampling(infer), loops=infer.loops or gateway.settings.loops,
         )  # fmt: skip
         read = await _read(job, request, gateway, context, cleanup)
         settings = results.settings_of(infer, layout)

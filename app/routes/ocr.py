@@ -161,7 +161,7 @@ async def _prepare(
     model_len = policy.model_length(gateway.pool.served_models().get(model))
     return OcrJob(
         source, pages, options.task, model, options.max_tokens, options.page_images, layout,
-        model_len,
+        model_len, loops=options.loops or settings.loops,
     )  # fmt: skip
 
 

@@ -23,7 +23,7 @@ from app.auth import KeyFile, KeyLimits
 from app.main import create_app
 from tests.conftest import CLIENT_KEY, settings_for
 from tests.jobs.test_api import until_ended
-from tests.support.fake_backend import FakeVLLM, completion
+from tests.support.fake_backend import FakeVLLM, completion, reply
 from tests.support.layout_standin import LayoutStandin, box
 from tests.support.servers import lifespan_client, read_body, serving
 
@@ -76,9 +76,7 @@ class Answering(FakeVLLM):
             answer = completion(payload["model"])
             answer["choices"][0]["message"]["content"] = ANSWERS.get(prompt, "Hello page")
             answer["choices"][0]["finish_reason"] = self.finish.get(prompt, "stop")
-            headers = [(b"content-type", b"application/json")]
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await send({"type": "http.response.body", "body": orjson.dumps(answer)})
+            await reply(send, payload, answer)
         finally:
             with self._lock:
                 self.running -= 1

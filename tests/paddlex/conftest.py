@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from app.main import create_app
 from tests.conftest import CLIENT_KEY, settings_for
 from tests.support import paddlex_pipeline
-from tests.support.fake_backend import FakeVLLM, completion
+from tests.support.fake_backend import FakeVLLM, completion, reply
 from tests.support.layout_standin import LayoutStandin, box
 from tests.support.servers import lifespan_client, read_body, serving
 from tests.support.standin_vlm import StandinVLM
@@ -68,8 +68,7 @@ class Answering(FakeVLLM):
             return
         answer = completion(payload["model"])
         answer["choices"][0]["message"]["content"] = self.answers.get(prompt, "Hello page")
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": orjson.dumps(answer)})
+        await reply(send, payload, answer)  # streamed when asked (the loop guard asks)
 
     def prompts(self) -> list[str]:
         """Each request's prompt, in arrival order."""

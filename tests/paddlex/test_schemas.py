@@ -50,6 +50,7 @@ OPTIONS: list[dict[str, Any]] = [
     {"useLayoutDetection": False},
 ]
 FILES = [(PNG, 1), (PDF3, 0), (TIFF2, 1)]
+LOOPING = "Intro. " + "lorem ipsum " * 400
 REFUSED_BY_BOTH: list[dict[str, Any]] = [
     {"fileType": 2},
     {"fileType": "1"},
@@ -114,6 +115,9 @@ def answers() -> dict[str, list[dict[str, Any]]]:
                 unauthorized = await client.post("/restructure-pages", json={}, headers={})
                 got["error"].append(unauthorized.json())
                 got["health"].append((await client.get("/health", headers={})).json())
+                fake.answers["OCR:"] = LOOPING  # a block the loop guard stops
+                response = await client.post("/layout-parsing", json={"file": b64(PNG)})
+                got["looped"] = [response.json()]
         return got
 
     return asyncio.run(collect())
@@ -129,6 +133,7 @@ def validated(
     items = [{"model": "infer_answer", "body": body} for body in answers["infer"]]
     items += [{"model": "restructure_answer", "body": body} for body in answers["restructure"]]
     items += [{"model": "error", "body": body} for body in answers["error"]]
+    items += [{"model": "infer_answer", "body": body} for body in answers["looped"]]
     items += [{"model": "error", "body": body} for body in answers["health"]]
     for extra in OPTIONS:
         items.append({"model": "infer_request", "body": {"file": "x", "fileType": 1, **extra}})
@@ -146,7 +151,7 @@ def test_every_answer_is_paddlexs_to_the_field(
 ) -> None:
     """Each `/layout-parsing` and `/restructure-pages` answer and each error envelope validates
     against PaddleX's models and is what PaddleX's app would write for it."""
-    bodies = answers["infer"] + answers["restructure"] + answers["error"]
+    bodies = answers["infer"] + answers["restructure"] + answers["error"] + answers["looped"]
     for body, verdict in zip(bodies, validated, strict=False):
         assert verdict["valid"], verdict["error"]
         assert verdict["dumped"] == body
@@ -159,10 +164,32 @@ def test_health_is_paddlexs_health_answer_too(
     `AIStudioNoResultResponse`: `errorCode` 0, `errorMsg` "Healthy", a `logId`), plus our
     `status`."""
     (health,) = answers["health"]
-    verdict = validated[len(answers["infer"] + answers["restructure"] + answers["error"])]
+    kinds = ("infer", "restructure", "error", "looped")
+    verdict = validated[sum(len(answers[kind]) for kind in kinds)]
     assert verdict["valid"], verdict["error"]
     assert health == {**verdict["dumped"], "status": "ok"}
     assert (health["errorCode"], health["errorMsg"]) == (0, "Healthy")
+
+
+def test_a_stopped_block_keeps_paddlexs_shape(
+    answers: dict[str, list[dict[str, Any]]], validated: list[dict[str, Any]]
+) -> None:
+    """A block the loop guard stopped carries `stopped` and `loop` in `parsing_res_list` (extra
+    fields PaddleX's clients ignore), its content cut to one unit; PaddleX's models take the
+    answer and dump it unchanged (the previous test covers it too, by position)."""
+    (looped,) = answers["looped"]
+    (page,) = looped["result"]["layoutParsingResults"]
+    stopped = [b for b in page["prunedResult"]["parsing_res_list"] if "stopped" in b]
+    assert "text" in [b["block_label"] for b in stopped]
+    for block in stopped:
+        assert block["stopped"] == "repetition"
+        assert block["loop"]["unit"] == len("lorem ipsum ")
+        assert block["block_content"].count("lorem ipsum") == 1
+    assert "lorem ipsum lorem ipsum" not in page["markdown"]["text"]
+    bodies = answers["infer"] + answers["restructure"] + answers["error"]
+    verdict = validated[len(bodies)]
+    assert verdict["valid"], verdict["error"]
+    assert verdict["dumped"] == looped
 
 
 def test_the_answers_cover_each_file_kind_and_page_count(

@@ -18,6 +18,7 @@ process of its own).
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,14 +108,16 @@ class FakeVLLM:
             await _raw(send, self.status, self.error_body)
         elif self.mode == "hang":
             await self._wait_for_disconnect(receive)
-        elif self.mode in ("slow_stream", "broken_stream") or payload.get("stream"):
+        elif self.mode in ("slow_stream", "broken_stream") or (
+            payload.get("stream") and self.content is None and not _continuous(payload)
+        ):
             await self._stream(receive, send)
         else:
             answer = completion(payload["model"])
             answer["choices"][0]["finish_reason"] = self.finish_reason
             if self.content is not None:
                 answer["choices"][0]["message"]["content"] = self.content
-            await _json(send, 200, answer)
+            await reply(send, payload, answer)
 
     async def _stream(self, receive: Receive, send: Send) -> None:
         headers = [(b"content-type", b"text/event-stream; charset=utf-8")]
@@ -140,6 +143,53 @@ class FakeVLLM:
         while (await receive())["type"] != "http.disconnect":
             pass
         self.disconnected.set()
+
+
+def _continuous(payload: dict[str, Any]) -> bool:
+    options = payload.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("continuous_usage_stats"))
+
+
+async def reply(send: Send, payload: dict[str, Any], answer: dict[str, Any]) -> None:
+    """`answer` (a chat completion) as JSON, or as vLLM streams it when `payload` asks for a
+    stream: a word an event, the finish reason on the last, usage as `stream_options` asks
+    (the answer's own, spread over the events)."""
+    if not payload.get("stream"):
+        await _json(send, 200, answer)
+        return
+    headers = [(b"content-type", b"text/event-stream; charset=utf-8")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    for event in sse(payload, answer):
+        await send({"type": "http.response.body", "body": event, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def sse(payload: dict[str, Any], answer: dict[str, Any]) -> list[bytes]:
+    """The events of `answer` streamed (see `reply`), `[DONE]` last."""
+    options = payload.get("stream_options") or {}
+    choice = answer["choices"][0]
+    pieces = re.findall(r"\s*\S+|\s+$", choice["message"]["content"] or "") or [""]
+    prompt, spent = answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"]
+    events: list[dict[str, Any]] = []
+    for n, piece in enumerate(pieces, 1):
+        finish = choice["finish_reason"] if n == len(pieces) else None
+        event: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "choices": [
+            {"index": 0, "delta": {"content": piece}, "finish_reason": finish}
+        ]}  # fmt: skip
+        if options.get("continuous_usage_stats"):
+            event["usage"] = _usage(prompt, spent * n // len(pieces))
+        events.append(event)
+    if options.get("include_usage"):
+        usage = _usage(prompt, spent)
+        events.append(
+            {"id": "c1", "object": "chat.completion.chunk", "choices": [], "usage": usage}
+        )
+    return [b"data: " + orjson.dumps(e) + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}  # fmt: skip
 
 
 def _model(model_id: str) -> dict[str, Any]:

@@ -4,7 +4,8 @@ The fidelity tier (tests/fidelity/) drives the gateway's layout pipeline and Pad
 PaddleOCR-VL-1.5 pipeline at one StandinVLM: the same crop with the same prompt gets the same
 answer on both sides, so any difference in their markdown or block lists is a difference in what
 the two pipelines do around the model. It speaks vLLM's OpenAI surface (`/health`,
-`/v1/models`, `/v1/chat/completions`, non-streaming) and records every chat request.
+`/v1/models`, `/v1/chat/completions`, whole or streamed a word a token) and records every chat
+request. `fake_loop_every` is a fake fault: chosen `OCR:` blocks loop to their token limit.
 
 An image is known by the SHA-256 of its decoded RGB pixels (and its size): exact, so two sides
 match only when they sent the very same pixels. PaddleX sends each crop as a Pillow JPEG at
@@ -21,11 +22,13 @@ without `\\tag{}`, a chart as a `|`-separated table, seal text. Any other prompt
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import io
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,6 +219,13 @@ class StandinVLM:
     served: str = SERVED
     url: str = ""  # set once it listens
     received: list[Received] = field(default_factory=list)
+    # a fake fault: one `OCR:` block in `fake_loop_every` (chosen by its pixels) loops to its
+    # token limit, as PaddleOCR-VL now and then does (0: none)
+    fake_loop_every: int = 0
+    token_seconds: float = 0.0  # the pace of decoding: between two streamed tokens, or per token
+    # of a whole answer before it is sent
+    streamed: list[tuple[Received, int, int]] = field(default_factory=list)  # (request,
+    # tokens sent before the stream ended or the client left, tokens it would have sent)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -242,8 +252,60 @@ class StandinVLM:
             await _json(send, 400, {"error": {**error, "param": None, "code": 400}})
             return
         self.received.append(request)
-        text = answer(request.prompt, request.digest, request.width, request.height)
-        await _json(send, 200, _completion(request.body.get("model", self.served), text))
+        model = request.body.get("model", self.served)
+        if self.fake_loop_every and loops_here(request, self.fake_loop_every):
+            tokens = looping(request, request_limit(request))
+        else:
+            tokens = words(answer(request.prompt, request.digest, request.width, request.height))
+        finish = "length" if len(tokens) >= request_limit(request) else "stop"
+        if request.body.get("stream"):
+            await self._stream((receive, send), model, tokens, request, finish)
+        else:
+            await asyncio.sleep(self.token_seconds * len(tokens))  # the time to decode them
+            await _json(send, 200, _completion(model, "".join(tokens), len(tokens), finish))
+
+    async def _stream(
+        self,
+        channel: tuple[Receive, Send],
+        model: str,
+        tokens: list[str],
+        request: Received,
+        finish: str,
+    ) -> None:
+        """`tokens` one an event, `token_seconds` apart, usage on each as vLLM writes it when
+        asked (`continuous_usage_stats`); the tokens sent before the client left are recorded
+        (`streamed`), as vLLM would have generated them."""
+        receive, send = channel
+        headers = [(b"content-type", b"text/event-stream; charset=utf-8")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        left = asyncio.Event()
+        watcher = asyncio.create_task(_until_gone(receive, left))
+        options = request.body.get("stream_options") or {}
+        sent = 0
+        try:
+            for token in tokens:
+                if left.is_set():
+                    break
+                sent += 1
+                choice = {"index": 0, "delta": {"content": token}, "finish_reason": None}
+                if sent == len(tokens):
+                    choice["finish_reason"] = finish
+                event: dict[str, Any] = {"object": "chat.completion.chunk", "model": model}
+                event["choices"] = [choice]
+                if options.get("continuous_usage_stats"):
+                    event["usage"] = _usage(sent)
+                await send({"type": "http.response.body", "body": _event(event), "more_body": True})
+                await asyncio.sleep(self.token_seconds)
+            else:
+                if options.get("include_usage"):
+                    tail = {"object": "chat.completion.chunk", "choices": [], "usage": _usage(sent)}
+                    await send(
+                        {"type": "http.response.body", "body": _event(tail), "more_body": True}
+                    )
+                await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        finally:
+            watcher.cancel()
+            self.streamed.append((request, sent, len(tokens)))
 
     def keys(self) -> list[tuple[str, str, int, int]]:
         """The (prompt, digest, width, height) of every request so far, in arrival order."""
@@ -256,14 +318,57 @@ async def _json(send: Send, status: int, body: dict[str, Any]) -> None:
     await send({"type": "http.response.body", "body": orjson.dumps(body)})
 
 
-def _completion(model: str, text: str) -> dict[str, Any]:
-    tokens = max(1, len(text) // 4)
+def words(text: str) -> list[str]:
+    """`text` as the stand-in's tokens: a word (with the spaces before it) a token."""
+    return re.findall(r"\s*\S+|\s+$", text) or [""]
+
+
+def loops_here(request: Received, every: int) -> bool:
+    """Whether the fake loop picks this request: an `OCR:` block, one in `every` by pixels."""
+    return request.prompt == "OCR:" and int(request.digest[:8] or "0", 16) % every == 0
+
+
+def looping(request: Received, limit: int) -> list[str]:
+    """A looping answer `limit` tokens long: a line of text, then one short phrase over and
+    over (a phrase of 2-3 words, the unit the guard should keep once)."""
+    before, repeated = loop_parts(request)
+    start, unit = words(before), words(repeated)
+    tokens = start + unit * (limit // len(unit) + 1)
+    return tokens[:limit]
+
+
+def loop_parts(request: Received) -> tuple[str, str]:
+    """(the text before the loop, the repeated unit) of `looping`'s answer."""
+    rng = random.Random(int(hashlib.sha256(f"loop\0{request.digest}".encode()).hexdigest(), 16))
+    return _words(rng, 3, 8) + ".", " " + _words(rng, 2, 3)
+
+
+def request_limit(request: Received) -> int:
+    limit = request.body.get("max_completion_tokens") or request.body.get("max_tokens")
+    return limit if isinstance(limit, int) else MAX_MODEL_LEN
+
+
+async def _until_gone(receive: Receive, left: asyncio.Event) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    left.set()
+
+
+def _event(event: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+def _usage(tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": 100, "completion_tokens": tokens, "total_tokens": 100 + tokens}
+
+
+def _completion(model: str, text: str, tokens: int, finish: str) -> dict[str, Any]:
     return {
         "id": "chatcmpl-standin",
         "object": "chat.completion",
         "model": model,
         "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
         ],
         "usage": {"prompt_tokens": 100, "completion_tokens": tokens, "total_tokens": 100 + tokens},
     }
