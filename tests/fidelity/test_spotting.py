@@ -1,6 +1,6 @@
 """Text spotting's reading of an answer is PaddleX's, answer for answer.
 
-The gateway's side is `fanout.read_answer` for task `spotting` (loops cut, math delimiters,
+The gateway's side is `fanout.page_result` for task `spotting` (loops cut, math delimiters,
 then app/documents/spotting.py); PaddleX's is what `_paddleocr_vl_assemble_parsing_results`
 does to a spotting block's answer with its own `truncate_repetitive_content` and
 `post_process_for_spotting` (tests/paddlex/paddlex_serving.py's `spotting` mode, in
@@ -17,7 +17,8 @@ from typing import Any
 import orjson
 import pytest
 
-from app.documents.fanout import read_answer
+from app.documents.fanout import page_result
+from app.documents.streams import Reply, read_block
 from tests.paddlex.conftest import run_paddlex
 from tests.support.fake_backend import completion
 from tests.support.standin_vlm import WORDS
@@ -61,7 +62,8 @@ def answers() -> list[tuple[str, int, int]]:
 def gateway_read(answer: str, width: int, height: int) -> list[Any]:
     body = completion("m")
     body["choices"][0]["message"]["content"] = answer
-    page = read_answer(1, orjson.dumps(body), "spotting", (width, height))
+    reply = Reply(*read_block(orjson.dumps(body)))
+    page = page_result(1, reply, "spotting", (width, height))
     assert page.spotting is not None
     found = {
         "rec_polys": [spot["polygon"] for spot in page.spotting],
