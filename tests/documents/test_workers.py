@@ -4,10 +4,8 @@ out of the gateway's process group, and workers that do not outlive a gateway ki
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -19,7 +17,7 @@ from app.settings import Settings
 from tests.conftest import BACKEND_KEY, CLIENT_KEY, VENV_BIN, settings_for, wait_until_up
 from tests.support.documents import pdf
 from tests.support.fake_backend import FakeVLLM
-from tests.support.servers import free_port
+from tests.support.servers import free_port, wait_gone
 
 pytestmark = pytest.mark.anyio
 
@@ -120,25 +118,6 @@ def descendants(root: int) -> dict[int, str]:
                 found[pid] = commands[pid]
                 frontier.append(pid)
     return found
-
-
-def wait_gone(pids: list[int], timeout: float) -> list[int]:
-    """The pids still alive after waiting up to `timeout` s for each (a pidfd: readable once
-    the process has exited; no polling)."""
-    deadline = time.monotonic() + timeout
-    alive = []
-    for pid in pids:
-        try:
-            handle = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            ready, _, _ = select.select([handle], [], [], max(deadline - time.monotonic(), 0))
-        finally:
-            os.close(handle)
-        if not ready:
-            alive.append(pid)
-    return alive
 
 
 def test_kill_9_of_the_gateway_leaves_no_worker_behind(fake: FakeVLLM, tmp_path: Path) -> None:

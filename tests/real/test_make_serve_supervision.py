@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import select
 import signal
 import socket
 import subprocess
@@ -24,7 +23,7 @@ import pytest
 
 from tests.conftest import ROOT, VENV_BIN, engine_environment, wait_until_up
 from tests.support.documents import pdf
-from tests.support.servers import free_port
+from tests.support.servers import free_port, wait_gone
 
 pytestmark = pytest.mark.vllm
 KEY = "sk-local"
@@ -81,25 +80,6 @@ def start(tmp_path: Path, command: list[str], **env: str) -> MakeServe:
     return MakeServe(process, log, ports["PORT"], ports["VLLM_PORT"], ports["LAYOUT_PORT"])
 
 
-def ended(pids: list[int], timeout: float) -> list[int]:
-    """The pids still running after waiting up to `timeout` s for each to exit (a pidfd:
-    readable once the process has exited)."""
-    deadline = time.monotonic() + timeout
-    left = []
-    for pid in pids:
-        try:
-            handle = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            ready, _, _ = select.select([handle], [], [], max(deadline - time.monotonic(), 0))
-        finally:
-            os.close(handle)
-        if not ready:
-            left.append(pid)
-    return left
-
-
 def refused(port: int) -> bool:
     """Whether nothing listens on `port` any more."""
     with socket.socket() as probe:
@@ -124,7 +104,7 @@ def supervised(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MakeServe]:
         yield serve
     finally:
         pids = [serve.pid(p) for p in (f"vllm-{serve.vllm_port}", f"layout-{serve.layout_port}")]
-        if serve.process.poll() is None or ended(pids, 0) != []:
+        if serve.process.poll() is None or wait_gone(pids, 0) != []:
             clean_up(serve, pids)
 
 
@@ -153,7 +133,7 @@ def test_a_killed_layout_service_comes_back_while_the_rest_serves(supervised: Ma
     os.kill(supervisor, signal.SIGSTOP)
     try:
         os.killpg(killed, signal.SIGKILL)
-        assert ended([killed], timeout=60) == []
+        assert wait_gone([killed], timeout=60) == []
         serve.wait_for(rf"layout service http://127.0.0.1:{serve.layout_port} is down", after=mark)
         auto = ocr(serve, "auto")
         assert auto.status_code == 200, auto.text
@@ -211,7 +191,7 @@ def test_sigkill_to_make_stops_every_part(supervised: MakeServe) -> None:
     supervisor = serve_sh(serve)
     serve.process.kill()
     serve.process.wait()
-    assert ended([*parts, supervisor], timeout=120) == [], serve.terminal()[-3000:]
+    assert wait_gone([*parts, supervisor], timeout=120) == [], serve.terminal()[-3000:]
     assert [p for p in (serve.port, serve.vllm_port, serve.layout_port) if not refused(p)] == []
     assert "make serve: stopped" in serve.terminal(), serve.terminal()[-3000:]
 
@@ -232,9 +212,9 @@ def test_sigkill_to_serve_sh_while_the_engine_starts_leaves_no_part(tmp_path: Pa
             time.sleep(0.1)
         serve.process.kill()
         serve.process.wait()
-        assert ended(parts, timeout=120) == [], serve.terminal()[-3000:]
+        assert wait_gone(parts, timeout=120) == [], serve.terminal()[-3000:]
         assert refused(serve.layout_port)
         assert refused(serve.vllm_port)
     finally:
-        if ended(parts, 0):
+        if wait_gone(parts, 0):
             clean_up(serve, parts)

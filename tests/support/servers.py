@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import os
 import random
+import select
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar
 
@@ -165,3 +167,22 @@ def _bindable(port: int, kind: socket.SocketKind) -> bool:
 def refused_url() -> Iterator[str]:
     """A loopback URL where nothing listens: connections are refused at once."""
     yield f"http://127.0.0.1:{free_port()}"
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """The pids still alive after waiting up to `timeout` s for each (a pidfd: readable once
+    the process has exited; no polling)."""
+    deadline = time.monotonic() + timeout
+    alive = []
+    for pid in pids:
+        try:
+            handle = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            ready, _, _ = select.select([handle], [], [], max(deadline - time.monotonic(), 0))
+        finally:
+            os.close(handle)
+        if not ready:
+            alive.append(pid)
+    return alive

@@ -6,6 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -90,6 +91,19 @@ def checkpoint_folder(name: str) -> Path:
         raise CheckpointError(
             f"{name} is no folder here and the Hugging Face hub did not give it: {error}"
         ) from error
+
+
+def pretrained(loader: Any, checkpoint: str, dtype: torch.dtype, kind: str, name: str) -> Any:
+    """`loader.from_pretrained` on the checkpoint's folder, which must hold a `kind` model
+    (`name` in the message); CheckpointError naming the folder otherwise."""
+    folder = checkpoint_folder(checkpoint)
+    try:
+        model = loader.from_pretrained(folder, dtype=dtype)
+    except (OSError, ValueError, KeyError) as error:
+        raise CheckpointError(f"{folder}: {error}") from error
+    if model.config.model_type != kind:
+        raise CheckpointError(f"{folder} holds a {model.config.model_type}, not {name}")
+    return model
 
 
 def place(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:

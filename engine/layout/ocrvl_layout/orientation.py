@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PPLCNetForImageClassification
 
-from ocrvl_layout.model import CheckpointError, checkpoint_folder, place
+from ocrvl_layout.model import CheckpointError, place, pretrained
 
 RESIZE_SHORT = 256
 CROP = 224
@@ -32,18 +32,13 @@ class OrientationModel:
     """The classifier on its device, and its angles by class id."""
 
     def __init__(self, checkpoint: str, device: torch.device, dtype: torch.dtype) -> None:
-        folder = checkpoint_folder(checkpoint)
-        try:
-            model = PPLCNetForImageClassification.from_pretrained(folder, dtype=dtype)
-        except (OSError, ValueError, KeyError) as error:
-            raise CheckpointError(f"{folder}: {error}") from error
-        if model.config.model_type != "pp_lcnet":
-            raise CheckpointError(f"{folder} holds a {model.config.model_type}, not PP-LCNet")
+        model = pretrained(PPLCNetForImageClassification, checkpoint, dtype, "pp_lcnet", "PP-LCNet")
         names = {int(k): str(v) for k, v in (model.config.id2label or {}).items()}
         angles = [int(names[i]) if names.get(i, "").isdigit() else -1 for i in sorted(names)]
         if sorted(angles) != [0, 90, 180, 270]:
             raise CheckpointError(
-                f"{folder}: its labels are {list(names.values())}, not the angles 0, 90, 180, 270"
+                f"{checkpoint}: its labels are {list(names.values())}, "
+                "not the angles 0, 90, 180, 270"
             )
         self.angles = angles
         self.device, self.dtype = device, dtype

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from transformers import UVDocModel
 
-from ocrvl_layout.model import CheckpointError, checkpoint_folder, place
+from ocrvl_layout.model import place, pretrained
 
 INPUT = (712, 488)  # (height, width): UVDocImageProcessor's size
 
@@ -24,13 +24,7 @@ class UnwarpingModel:
     """UVDoc on its device."""
 
     def __init__(self, checkpoint: str, device: torch.device, dtype: torch.dtype) -> None:
-        folder = checkpoint_folder(checkpoint)
-        try:
-            model = UVDocModel.from_pretrained(folder, dtype=dtype)
-        except (OSError, ValueError, KeyError) as error:
-            raise CheckpointError(f"{folder}: {error}") from error
-        if model.config.model_type != "uvdoc":
-            raise CheckpointError(f"{folder} holds a {model.config.model_type}, not UVDoc")
+        model = pretrained(UVDocModel, checkpoint, dtype, "uvdoc", "UVDoc")
         self.device, self.dtype = device, dtype
         self.model = place(model, device)
         self.parameters = sum(p.numel() for p in self.model.parameters())
