@@ -102,8 +102,8 @@ TWO_FIT = ["v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb"]
 
 def test_only_cards_of_32_gib_and_more_have_room_for_two_engines(shape: ModelShape) -> None:
     """The 12 GB RTX 3060, the T4, the 22.5 GiB A10 and L4 and the 24 GiB RTX 4090 cannot start
-    two engines: 2 x 9.32 GiB (measured overhead and margin) plus the layout service's 6.65 GiB
-    leave them no KV cache."""
+    two engines: 2 x 9.32 GiB (measured overhead and margin) plus the layout service's share at
+    their batch (5.30 GiB at the 24 GB cards' 4) leave them no KV cache."""
     fits = [card.profile for card in CARDS if not plan_for_card(card, shape, 2).errors]
     assert fits == TWO_FIT
 
@@ -136,7 +136,7 @@ def test_the_h200_default_leaves_the_layout_share_and_the_measured_overhead_free
 ) -> None:
     """The shipped default (two engines under MPS on an H200): with each engine's KV cache fixed,
     CUDA's 139.80 GiB less both KV caches leaves each engine its measured 8.32 GiB at load, the
-    MPS server, the layout service's 6.65 GiB (it had 1.69 GiB in the ninth pass and failed) and
+    MPS server, the layout service's 8.25 GiB (it had 1.69 GiB in the ninth pass and failed) and
     a margin of at least 1 GiB per engine; re-counting it from the flags the engines get."""
     card = card_for_profile("h200-141gb")
     assert card is not None
