@@ -30,19 +30,25 @@ measured it:
 so the share counts the allocator's reserve as `RESERVED_OVER_PEAK` (1.85, above all three
 ratios) times the modelled peak:
 
-    share = context + 1.85 x (0.23 + 0.37 x max batch) GiB
+    share = context + 1.85 x (0.23 + 0.37 x max batch + preprocessing at max batch) GiB
 
-At the service's largest batch (`--max-batch`, 8 by default) that is 0.75 + 1.85 x 3.19 = 6.65
-GiB, above the largest process total measured (6,486 MiB = 6.33 GiB). Every GPU profile keeps it
+The preprocessing term is the orientation and unwarping models the service loads beside the
+layout model (issue 49): modelled, not measured on a GPU, from their parameter counts and their
+forward passes' peaks on the CPU (app/profiles/preprocess.py): 0.66 GiB + 30 MiB a page, most
+of it flattening one 12 M pixel photo at its own size. At the service's largest batch
+(`--max-batch`, 8 by default) the share is 0.75 + 1.85 x (3.19 + 0.87) = 8.25 GiB; the layout
+model's part alone, 0.75 + 1.85 x 3.19 = 6.65 GiB, is above the largest process total measured
+(6,486 MiB = 6.33 GiB, without the preprocessing models). Every GPU profile keeps the share
 outside vLLM's budget (`memory.utilization_for`, `engines.plan_engines`). History: the share was
-the peak alone, 0.75 + 3.19 = 3.94 GiB, through the eleventh pass, and 0.75 + 1.65 x 3.19 = 6.01
-GiB through the twelfth, which the thirteenth pass's 6.33 GiB exceeded.
+the peak alone, 0.75 + 3.19 = 3.94 GiB, through the eleventh pass, 0.75 + 1.65 x 3.19 = 6.01 GiB
+through the twelfth, which the thirteenth pass's 6.33 GiB exceeded, and 6.65 GiB until the
+preprocessing models were counted.
 
 A small card keeps room for a smaller batch (`layout_batch_for`): the largest of 8, 4, 2 whose
 share is at most a third of the card, so that its one engine keeps a useful KV cache. The 12 GB
-RTX 3060 gets 2 (2.54 GiB; its engine holds 65 pages, 16 beside a batch of 8), the 16 GB T4 4
-(3.91 GiB; 117 pages, 48 beside 8), every card of 20 GiB and more 8. The profile's header gives
-the batch, `make serve` reads it, and compose's `compose/engines/<profile>.env` holds it.
+RTX 3060 gets 1 (3.08 GiB), the 16 GB T4 2 (3.82 GiB), every card of 20 GiB and more 8. The
+profile's header gives the batch, `make serve` reads it, and compose's
+`compose/engines/<profile>.env` holds it.
 
 Compiled (torch.compile) the service reserves less: at batch 8 in the thirteenth pass 4,665 and
 4,123 MiB in all, reserved 3,860 and 3,328 MiB over peaks of 2,476 and 2,449 MiB (two windows).
@@ -59,6 +65,7 @@ layout-8300.cut.log of bench/results/gpu-h200-2026-12-02-pass9-raw/pass-raw.tar.
 
 from __future__ import annotations
 
+from app.profiles.preprocess import preprocess_peak_bytes
 from app.profiles.shapes import GiB
 
 LAYOUT_BASE_BYTES = round(0.23 * GiB)
@@ -79,12 +86,18 @@ RESERVED_OVER_PEAK = 1.85
 alone on it (above); 1.85 keeps ~6 % above the largest. It was 1.65 through the twelfth pass."""
 
 
+def layout_model_peak_bytes(max_batch: int) -> int:
+    """PP-DocLayoutV3's modelled peak at `max_batch` pages per forward pass (measured above)."""
+    return LAYOUT_BASE_BYTES + max_batch * LAYOUT_PAGE_BYTES
+
+
 def layout_bytes(max_batch: int = LAYOUT_MAX_BATCH) -> int:
     """The layout service's share of a GPU at `max_batch` pages per forward pass: its context
-    and what the caching allocator reserves for its peak."""
+    and what the caching allocator reserves for the layout model's peak and the preprocessing
+    models' (orientation and unwarping)."""
     if max_batch < 1:
         raise ValueError(f"the layout service's max batch must be 1 or more; got {max_batch}")
-    peak = LAYOUT_BASE_BYTES + max_batch * LAYOUT_PAGE_BYTES
+    peak = layout_model_peak_bytes(max_batch) + preprocess_peak_bytes(max_batch)
     return LAYOUT_CONTEXT_BYTES + round(RESERVED_OVER_PEAK * peak)
 
 
@@ -92,9 +105,9 @@ def layout_batch_for(cuda_total_bytes: int) -> int:
     """The layout service's `--max-batch` on a card of this CUDA total: the largest of 8, 4, 2
     whose share is at most a third of the card, else 1.
 
-    A card of 20 GiB or more gets the default 8 (6.65 GiB); a 16 GB T4 (14.40 GiB) gets 4 (3.91
-    GiB), a 12 GB RTX 3060 (11.40 GiB) 2 (2.54 GiB), where 8 would leave its one engine a KV
-    cache of 16 pages: docs/gpu-profiles.md, "The layout service's share".
+    A card of 20 GiB or more gets the default 8 (8.25 GiB); a 16 GB T4 (14.40 GiB) gets 2 (3.82
+    GiB), a 12 GB RTX 3060 (11.40 GiB) 1 (3.08 GiB): docs/gpu-profiles.md, "The layout service's
+    share".
     """
     for batch in LAYOUT_BATCHES:
         if layout_bytes(batch) <= cuda_total_bytes * LAYOUT_SHARE_OF_CARD:

@@ -142,7 +142,7 @@ def test_the_layout_service_runs_from_the_engine_image_on_vllms_gpu(tmp_path: Pa
         "--model": "/models/mine",
         "--host": "0.0.0.0",  # noqa: S104 (the compose network only: nothing publishes 8300)
         "--port": "8300",
-        "--max-batch": "8",
+        "--max-batch": "4",  # the default GPU_PROFILE's, the L4's (app/profiles/layout.py)
     }
     devices = service["deploy"]["resources"]["reservations"]["devices"]
     assert devices == vllm["deploy"]["resources"]["reservations"]["devices"]

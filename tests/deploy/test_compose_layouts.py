@@ -311,13 +311,14 @@ def test_every_profiles_layout_env_file_is_the_batch_its_card_has_room_for(card:
 
 @pytest.mark.parametrize(
     ("profile", "expected"),
-    [("rtx3060-12gb", "2"), ("t4-16gb", "4"), ("l4-24gb", "8"), ("h200-141gb", "8"), ("cpu", "8")],
+    [("rtx3060-12gb", "1"), ("t4-16gb", "2"), ("l4-24gb", "4"), ("h200-141gb", "8"), ("cpu", "8")],
 )
 def test_plain_compose_gives_the_layout_service_its_cards_batch(
     profile: str, expected: str, tmp_path: Path
 ) -> None:
     """GPU_PROFILE alone: the layout service's --max-batch is the one the profile keeps room for
-    (2 on a 12 GB RTX 3060, 4 on a 16 GB T4, 8 on larger cards), the service's 8 on the CPU."""
+    (1 on a 12 GB RTX 3060, 2 on a 16 GB T4, 4 on a 24 GB L4, 8 on larger cards), the service's 8
+    on the CPU."""
     assert layout_batch_of(resolved([BASE], tmp_path, GPU_PROFILE=profile)["services"]) == expected
 
 

@@ -20,6 +20,9 @@ SPEC: {"mode": "infer", "server_url", "layouts", "fixed_layout": path, "requests
     -> {"ok": true, "answers": [result]}
 SPEC: {"mode": "soup", "html": [str]} / {"mode": "kmeans", "heights": [[int]]}
 SPEC: {"mode": "spotting", "answers": [[answer, width, height]]} -> {"ok": true, "read": [...]}
+SPEC: {"mode": "post", "url", "key", "requests": [body]} -> {"ok": true, "answers": [{"status",
+    "answer", "valid", "error"?}]}: docs/clients.md's `requests.post` to URL/layout-parsing with
+    each body, each 200 answer validated as `infer_answer`
 """
 
 from __future__ import annotations
@@ -69,6 +72,25 @@ def validate(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         dumped = TypeAdapter(model).dump_python(parsed, exclude_none=True, mode="json")
         out.append({"valid": True, "dumped": dumped})
+    return out
+
+
+def post(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each body sent as docs/clients.md's snippet sends it (`requests.post`, a Bearer key), its
+    status and answer, and PaddleX's verdict on a 200 answer."""
+    import requests  # noqa: PLC0415
+
+    out = []
+    for body in spec["requests"]:
+        response = requests.post(
+            f"{spec['url']}/layout-parsing", json=body,
+            headers={"Authorization": f"Bearer {spec['key']}"}, timeout=300,
+        )  # fmt: skip
+        answer = response.json()
+        verdict = {"valid": False, "error": f"HTTP {response.status_code}"}
+        if response.status_code == 200:
+            verdict = validate([{"model": "infer_answer", "body": answer}])[0]
+        out.append({"status": response.status_code, "answer": answer, **verdict})
     return out
 
 
@@ -305,8 +327,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             restructure_pages=lambda *a, **k: _PaddleOCRVLPipeline.restructure_pages(None, *a, **k)
         )
         return {"ok": True, "answers": restructure(pipeline, spec["requests"])}
-    if mode == "infer":
-        return {"ok": True, "answers": infer(spec)}
+    if mode in ("infer", "post"):
+        return {"ok": True, "answers": (infer if mode == "infer" else post)(spec)}
     raise ValueError(f"unknown mode {mode!r}")
 
 

@@ -30,7 +30,7 @@ mm-processor-cache-gb: 0
 """
 
 GOOD_V100 = """\
-gpu-memory-utilization: 0.75
+gpu-memory-utilization: 0.7
 max-model-len: 8192
 max-num-seqs: 256
 max-num-batched-tokens: 16384
@@ -176,12 +176,13 @@ def test_a_budget_without_room_for_the_layout_service_fails(
     checker: Checker, profile_file: WriteProfile
 ) -> None:
     """0.95 of an A10 (the profile before the layout service shared its GPU) leaves 0.59 GiB
-    beside vLLM's context, less than the layout service's 6.65 GiB: an error naming both."""
+    beside vLLM's context, less than the layout service's 5.30 GiB (batch 4): an error naming
+    both."""
     path = profile_file("a10-24gb", GOOD_A10.replace("0.65", "0.95"))
     errors = [finding for finding in checker.check(path) if finding.error]
     assert [finding.key for finding in errors] == [None]
     assert errors[0].message.startswith("no room for the layout service")
-    assert "needs 6.65 GiB" in errors[0].message
+    assert "needs 5.30 GiB" in errors[0].message
 
 
 def test_vllms_parser_catches_what_the_flag_set_cannot(

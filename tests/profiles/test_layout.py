@@ -15,6 +15,7 @@ from app.profiles.layout import (
     RESERVED_OVER_PEAK,
     layout_batch_for,
     layout_bytes,
+    layout_model_peak_bytes,
 )
 from app.profiles.memory import cuda_total, layout_batch
 from app.profiles.reports import layout_paragraph
@@ -28,20 +29,23 @@ MEASURED_PEAK_GIB = {1: 0.6, 8: 3.0, 32: 11.8, 64: 23.6}
 
 @pytest.mark.parametrize(("batch", "peak"), MEASURED_PEAK_GIB.items())
 def test_the_share_covers_each_measured_peak_plus_a_context(batch: int, peak: float) -> None:
-    """At every measured batch the share less its context is the allocator's reserve over a
-    modelled peak that holds the measured peak within 7 %."""
-    modelled = (layout_bytes(batch) - LAYOUT_CONTEXT_BYTES) / RESERVED_OVER_PEAK / GiB
+    """At every measured batch the layout model's modelled peak holds the measured peak within
+    7 %, and the share holds its context and the allocator's reserve over that peak."""
+    modelled = layout_model_peak_bytes(batch) / GiB
     assert peak <= modelled <= peak * 1.07
+    assert layout_bytes(batch) > LAYOUT_CONTEXT_BYTES + RESERVED_OVER_PEAK * peak * GiB
 
 
 def test_the_default_share_is_the_services_default_batch() -> None:
-    """--max-batch 8 (the service's default): 6.65 GiB kept outside vLLM's budget, its context
+    """--max-batch 8 (the service's default): 8.25 GiB kept outside vLLM's budget, its context
     the 0.75 GiB of non-PyTorch memory measured beside the H200's engines (ninth pass), and 1.85x
-    the modelled peak of 3.19 GiB for what PyTorch's caching allocator reserves."""
+    the modelled peaks, the layout model's 3.19 GiB and the preprocessing models' 0.87 GiB
+    (app/profiles/preprocess.py), for what PyTorch's caching allocator reserves."""
     assert LAYOUT_MAX_BATCH == 8
     assert 0.75 * GiB == LAYOUT_CONTEXT_BYTES
     assert RESERVED_OVER_PEAK == 1.85
-    assert round(layout_bytes() / GiB, 2) == 6.65
+    assert round(layout_model_peak_bytes(8) / GiB, 2) == 3.19
+    assert round(layout_bytes() / GiB, 2) == 8.25
 
 
 MEASURED_AT_BATCH_8_MIB = {
@@ -67,7 +71,7 @@ def test_the_share_holds_what_the_service_held_under_load_on_the_h200(
     """Batch 8 under load: the share is above the whole process and its reserve above PyTorch's,
     and the factor above the reserve's ratio to the modelled peak (1.58x, 1.48x, 1.75x) and to
     the peak PyTorch measured (1.53x, 1.82x)."""
-    peak = (layout_bytes() - LAYOUT_CONTEXT_BYTES) / RESERVED_OVER_PEAK
+    peak = layout_model_peak_bytes(LAYOUT_MAX_BATCH)  # they ran without the preprocessing models
     assert layout_bytes() >= total * MiB
     assert layout_bytes() - LAYOUT_CONTEXT_BYTES >= reserved * MiB
     ratios = [reserved * MiB / peak] + ([reserved / allocated] if allocated else [])
@@ -77,7 +81,7 @@ def test_the_share_holds_what_the_service_held_under_load_on_the_h200(
 def test_the_factor_keeps_a_margin_over_the_largest_measured_ratio() -> None:
     """The thirteenth pass's 5,722 MiB reserved over the modelled peak of 3,267 MiB (1.75x) is
     the largest ratio measured; the factor stays at least 5 % above it."""
-    peak = (layout_bytes() - LAYOUT_CONTEXT_BYTES) / RESERVED_OVER_PEAK
+    peak = layout_model_peak_bytes(LAYOUT_MAX_BATCH)
     assert round(peak / MiB) == 3_267
     ratios = [reserved * MiB / peak for _, reserved, _ in MEASURED_AT_BATCH_8_MIB.values()]
     assert round(max(ratios), 2) == 1.75
@@ -109,16 +113,20 @@ def test_each_card_gets_the_largest_batch_whose_share_is_within_a_third_of_it(ca
 
 
 def test_small_cards_get_smaller_batches_and_the_rest_eight() -> None:
-    """A 12 GB RTX 3060 (11.40 GiB to CUDA): 2 (2.54 GiB; 4 would take 3.91, 34 %); a 16 GB T4
-    (14.40 GiB): 4 (3.91 GiB; 8 would take 6.65, 46 %); every card of 20 GiB and more: 8."""
+    """With the preprocessing models counted: a 12 GB RTX 3060 (11.40 GiB to CUDA): 1 (3.08 GiB;
+    2 would take 3.82, 34 %); a 16 GB T4 (14.40 GiB): 2 (3.82 GiB; 4 would take 5.30, 37 %); the
+    24 GB cards (21.89 to 21.99 GiB): 4 (5.30 GiB; 8 would take 8.25, 38 %); every card of 32 GB
+    and more: 8."""
     batches = {card.profile: layout_batch(card.memory_bytes) for card in CARDS}
-    assert batches.pop("rtx3060-12gb") == 2
-    assert batches.pop("t4-16gb") == 4
+    assert batches.pop("rtx3060-12gb") == 1
+    assert batches.pop("t4-16gb") == 2
+    assert [batches.pop(name) for name in ("a10-24gb", "l4-24gb", "rtx4090-24gb")] == [4, 4, 4]
     assert set(batches.values()) == {8}
-    assert round(layout_bytes(2) / GiB, 2) == 2.54
-    assert round(layout_bytes(4) / GiB, 2) == 3.91
-    assert layout_batch_for(round(19.9 * GiB)) == 4
-    assert layout_batch_for(20 * GiB) == 8
+    assert round(layout_bytes(1) / GiB, 2) == 3.08
+    assert round(layout_bytes(2) / GiB, 2) == 3.82
+    assert round(layout_bytes(4) / GiB, 2) == 5.30
+    assert layout_batch_for(round(24.7 * GiB)) == 4
+    assert layout_batch_for(25 * GiB) == 8
     assert layout_batch_for(4 * GiB) == 1
 
 

@@ -11,7 +11,7 @@ import yaml
 from app.cli import main
 from app.profiles import PROFILES_DIR, ROOT
 from app.profiles.gpus import CARDS, Card
-from app.profiles.layout import LAYOUT_MAX_BATCH, layout_bytes
+from app.profiles.layout import layout_bytes
 from app.profiles.memory import (
     EngineLimits,
     cuda_total,
@@ -92,20 +92,20 @@ def test_more_sequences_than_pages_warns_of_queueing(shape: ModelShape) -> None:
 
 def test_a_budget_that_leaves_no_room_for_the_layout_service_fails(shape: ModelShape) -> None:
     """The layout service shares the GPU: 0.8 of 12 GiB (11.40 GiB as CUDA counts it) leaves
-    1.78 GiB beside vLLM's context, less than the 2.54 GiB its context, weights, batch of 2 (the
+    1.78 GiB beside vLLM's context, less than the 3.08 GiB its context, models, batch of 1 (the
     batch a 12 GiB card gets) and allocator's cache take; on 24 GiB, 0.8 leaves 4.18 GiB, less
-    than its 6.65 GiB at batch 8 (app/profiles/layout.py)."""
+    than its 5.30 GiB at batch 4 (app/profiles/layout.py)."""
     result = plan(shape, EngineLimits(8192, 64, 16384, gpu_memory_utilization=0.8), 12 * GiB)
-    assert (result.layout_batch, result.layout_bytes) == (2, layout_bytes(2))
+    assert (result.layout_batch, result.layout_bytes) == (1, layout_bytes(1))
     assert [e for e in result.errors if e.startswith("no room for the layout service")] == [
         "no room for the layout service: gpu-memory-utilization 0.8 leaves 1.78 GiB beside "
-        "vLLM's CUDA context, and the layout service on the same GPU needs 2.54 GiB at "
-        "--max-batch 2 (app/profiles/layout.py); lower it"
+        "vLLM's CUDA context, and the layout service on the same GPU needs 3.08 GiB at "
+        "--max-batch 1 (app/profiles/layout.py); lower it"
     ]
     result = plan(shape, EngineLimits(8192, 64, 16384, gpu_memory_utilization=0.8), 24 * GiB)
-    assert (result.layout_batch, result.layout_bytes) == (8, layout_bytes(LAYOUT_MAX_BATCH))
+    assert (result.layout_batch, result.layout_bytes) == (4, layout_bytes(4))
     assert any(
-        "leaves 4.18 GiB" in e and "needs 6.65 GiB at --max-batch 8" in e for e in result.errors
+        "leaves 4.18 GiB" in e and "needs 5.30 GiB at --max-batch 4" in e for e in result.errors
     )
 
 
