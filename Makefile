@@ -91,13 +91,16 @@ TEST_ENV = TINY_MODEL_DIR=$(abspath $(TINY_MODEL_DIR)) TINY_LAYOUT_DIR=$(abspath
 	PADDLEOCR_VENV=$(abspath $(PADDLEOCR_VENV)) \
 	OCRVL_ENGINE_VENV=$(abspath $(VENV))
 
-test: venv tiny-model tiny-layout tiny-preprocess paddleocr-venv  ## every test tier (gateway venv; then engine venv, newest FastAPI)
-	$(TEST_ENV) $(GW) -m pytest -m "not serial" -n 2 --dist loadfile
+# The in-process tier needs the gateway's venv alone: it runs while the real tiers' venvs and
+# checkpoints are built (on a fresh clone that is mostly downloads); then the serial tier and the
+# engine pass, one after the other, and last the newest FastAPI's check.
+test:  ## every test tier (in-process beside the builds; serial, engine; newest FastAPI)
+	$(MAKE) --no-print-directory -j3 test-fast venv tiny-model tiny-layout tiny-preprocess paddleocr-venv
 	$(TEST_ENV) $(GW) -m pytest -m serial
 	$(TEST_ENV) $(PY) -m pytest -m engine
 	scripts/latest.sh $(GATEWAY_VENV)
 
-test-fast: venv  ## the in-process tier alone (no engine, no real parts), two workers: the developer's loop
+test-fast: $(GATEWAY_VENV)/.installed  ## the in-process tier alone (no engine, no real parts), two workers: the developer's loop
 	$(TEST_ENV) $(GW) -m pytest -m "not serial" -n 2 --dist loadfile $(ARGS)
 
 check: venv  ## ruff, mypy strict on app/, every vLLM profile, locks/ against pyproject.toml

