@@ -32,7 +32,7 @@ C ?= 20
 export HF_HUB_OFFLINE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 
-.PHONY: help venv lock paddleocr-venv tiny-model tiny-layout tiny-preprocess test test-fast check fmt serve hey up bench clean
+.PHONY: help venv lock paddleocr-venv tiny-model tiny-layout tiny-preprocess test test-fast test-latest check fmt serve hey up bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -91,26 +91,29 @@ TEST_ENV = TINY_MODEL_DIR=$(abspath $(TINY_MODEL_DIR)) TINY_LAYOUT_DIR=$(abspath
 	PADDLEOCR_VENV=$(abspath $(PADDLEOCR_VENV)) \
 	OCRVL_ENGINE_VENV=$(abspath $(VENV))
 
-# The in-process tier needs the gateway's venv alone: it runs while the real tiers' venvs and
-# checkpoints are built (on a fresh clone that is mostly downloads); then the serial tier and the
-# engine pass, one after the other, and last the newest FastAPI's check.
-test:  ## every test tier (in-process beside the builds; serial, engine; newest FastAPI)
-	$(MAKE) --no-print-directory -j3 test-fast venv tiny-model tiny-layout tiny-preprocess paddleocr-venv
+# The in-process tier and the newest FastAPI's check need the gateway's venv alone: they run
+# while the real tiers' venvs and checkpoints are built (on a fresh clone mostly downloads); then
+# the serial tier and the engine pass, one after the other.
+test:  ## every test tier (in-process and newest FastAPI beside the builds; then serial, engine)
+	$(MAKE) --no-print-directory -j4 test-fast test-latest venv tiny-model tiny-layout \
+		tiny-preprocess paddleocr-venv
 	$(TEST_ENV) $(GW) -m pytest -m serial
 	$(TEST_ENV) $(PY) -m pytest -m engine
+
+test-latest: $(GATEWAY_VENV)/.installed  ## tests/test_route_labels.py under the newest FastAPI and Starlette
 	scripts/latest.sh $(GATEWAY_VENV)
 
 test-fast: $(GATEWAY_VENV)/.installed  ## the in-process tier alone (no engine, no real parts), two workers: the developer's loop
 	$(TEST_ENV) $(GW) -m pytest -m "not serial" -n 2 --dist loadfile $(ARGS)
 
-check: venv  ## ruff, mypy strict on app/, every vLLM profile, locks/ against pyproject.toml
+check: $(GATEWAY_VENV)/.installed  ## ruff, mypy strict on app/, every vLLM profile, locks/ against pyproject.toml
 	$(GATEWAY_VENV)/bin/ruff check app engine tests bench scripts
 	$(GATEWAY_VENV)/bin/ruff format --check app engine tests bench scripts
 	$(GATEWAY_VENV)/bin/mypy
 	$(GATEWAY_VENV)/bin/ocrvl profile check vllm_configs/*.yaml
 	$(GW) scripts/lockcheck.py
 
-fmt: venv  ## apply ruff's fixes and formatting
+fmt: $(GATEWAY_VENV)/.installed  ## apply ruff's fixes and formatting
 	$(GATEWAY_VENV)/bin/ruff check --fix app engine tests bench scripts
 	$(GATEWAY_VENV)/bin/ruff format app engine tests bench scripts
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # tests/test_route_labels.py under the newest FastAPI and Starlette the resolver finds: the
 # locked runtime set (locks/gateway.txt), pytest and hypothesis (tests/conftest.py loads its
-# profile) in a throwaway venv, then those two upgraded. `make test` runs it last, so a release
-# that would change a route label is a known diff before the lock moves to it
-# (docs/development.md).
+# profile) in a throwaway venv, then those two upgraded. `make test` runs it (`make test-latest`)
+# beside the in-process tier, so a release that would change a route label is a known diff before
+# the lock moves to it (docs/development.md).
 #
 #   scripts/latest.sh [GATEWAY_VENV]     (default .venv-gateway: its Python and its uv)
 set -euo pipefail
