@@ -91,20 +91,20 @@ TEST_ENV = TINY_MODEL_DIR=$(abspath $(TINY_MODEL_DIR)) TINY_LAYOUT_DIR=$(abspath
 	PADDLEOCR_VENV=$(abspath $(PADDLEOCR_VENV)) \
 	OCRVL_ENGINE_VENV=$(abspath $(VENV))
 
-# The in-process tier and the newest FastAPI's check need the gateway's venv alone: they run
-# while the real tiers' venvs and checkpoints are built (on a fresh clone mostly downloads); then
-# the serial tier and the engine pass, one after the other.
-test:  ## every test tier (in-process and newest FastAPI beside the builds; then serial, engine)
-	$(MAKE) --no-print-directory -j4 test-fast test-latest venv tiny-model tiny-layout \
-		tiny-preprocess paddleocr-venv
+# The in-process tier and the newest FastAPI's check side by side (they need the gateway's venv
+# alone), then the serial tier and the engine pass, one after the other.
+test: venv tiny-model tiny-layout tiny-preprocess paddleocr-venv  ## every test tier (in-process and newest FastAPI side by side; then serial, engine)
+	$(MAKE) --no-print-directory -j2 test-fast test-latest
 	$(TEST_ENV) $(GW) -m pytest -m serial
 	$(TEST_ENV) $(PY) -m pytest -m engine
 
 test-latest: $(GATEWAY_VENV)/.installed  ## tests/test_route_labels.py under the newest FastAPI and Starlette
 	scripts/latest.sh $(GATEWAY_VENV)
 
-test-fast: $(GATEWAY_VENV)/.installed  ## the in-process tier alone (no engine, no real parts), two workers: the developer's loop
-	$(TEST_ENV) $(GW) -m pytest -m "not serial" -n 2 --dist loadfile $(ARGS)
+# Four workers on two cores: the tier waits on its own servers and subprocesses about half the
+# time (two workers kept the cores about half idle: 200 s; four: 126 s, docs/development.md).
+test-fast: $(GATEWAY_VENV)/.installed  ## the in-process tier alone (no engine, no real parts), four workers: the developer's loop
+	$(TEST_ENV) $(GW) -m pytest -m "not serial" -n 4 --dist loadfile $(ARGS)
 
 check: $(GATEWAY_VENV)/.installed  ## ruff, mypy strict on app/, every vLLM profile, locks/ against pyproject.toml
 	$(GATEWAY_VENV)/bin/ruff check app engine tests bench scripts

@@ -112,10 +112,11 @@ def serving(app: Served) -> Iterator[Served]:
         yield app
 
 
-# Two checkouts testing side by side on one machine give each its own range
-# (OCRVL_TEST_PORT_BASE=2000 OCRVL_TEST_PORT_BLOCK=1000: 2000-4999 for it and its two workers).
+# A block for the main process and one for each of `make test`'s four xdist workers: 20000-32499,
+# below the kernel's ephemeral range. Two checkouts testing side by side on one machine give each
+# its own range (OCRVL_TEST_PORT_BASE=2000 OCRVL_TEST_PORT_BLOCK=1000: 2000-6999).
 PORT_BASE = int(os.environ.get("OCRVL_TEST_PORT_BASE", "20000"))
-PORT_BLOCK = int(os.environ.get("OCRVL_TEST_PORT_BLOCK", "3000"))
+PORT_BLOCK = int(os.environ.get("OCRVL_TEST_PORT_BLOCK", "2500"))
 _ports = random.Random()  # its own: a test that seeds `random` does not choose the ports
 _given: set[int] = set()  # ports this process handed out: never twice while the block has others
 
@@ -126,7 +127,7 @@ def free_port(*, udp: bool = False) -> int:
 
     Below the kernel's ephemeral range (32768-60999 by default), so no outgoing connection takes
     it meanwhile, and in a block of its own for each xdist worker (`make test` runs the
-    in-process tiers on two), so two workers never pick the same one. Never one this process
+    in-process tier on four), so two workers never pick the same one. Never one this process
     handed out already: two parts a test starts get two ports even before either binds (CI
     once drew one port for a gateway and its layout service).
     """
