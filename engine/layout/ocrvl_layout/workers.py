@@ -3,16 +3,17 @@
 pass's kernel launches.
 
 A pool of `forkserver` processes (never plain fork: the service has loaded torch and runs its
-threads), each forked from a server that imported only this module and pages.py's side (no torch:
-numpy, OpenCV, Pillow), so a worker costs little memory and starts in milliseconds. A worker gets
-a page's data URL and sends back the page at the model's input size and the size it was sent at
-(pages.prepare); after the forward pass it gets the page's candidates and sends back its boxes
-(pages.finish). An InvalidRequest raised in a worker pickles whole (message, param, code) and is
-raised here as it would be in-process. A worker that dies breaks the pool: it is replaced by a new
-one and the call retried once; a second death is WorkerLost (500). Workers end with the service:
-it shuts the pool down as it stops, and each worker watches the service's PID (a pidfd, Linux
-5.3 and newer) and exits when the service is gone, so a killed service leaves no orphan (the fork
-server and multiprocessing's resource tracker then end too: they live while a worker does).
+threads), each forked from a server that imported only this module and pages.py's side (no
+torch: numpy, OpenCV, Pillow), so a worker costs little memory and starts with them imported.
+A worker gets a page's data URL and sends back the page at the model's input size and the size
+it was sent at (pages.prepare); after the forward pass it gets the page's candidates and sends
+back its boxes (pages.finish). An InvalidRequest raised in a worker pickles whole (message,
+param, code) and is raised here as it would be in-process. A worker that dies breaks the pool:
+it is replaced by a new one and the call retried once; a second death is WorkerLost (500).
+Workers end with the service: it shuts the pool down as it stops, and each worker watches the
+service's PID (a pidfd, Linux 5.3 and newer) and exits when the service is gone, so a killed
+service leaves no orphan (the fork server and multiprocessing's resource tracker then end too:
+they live while a worker does).
 """
 
 from __future__ import annotations
@@ -38,9 +39,14 @@ T = TypeVar("T")
 PRELOAD = ["ocrvl_layout.workers", "ocrvl_layout.pages"]
 
 
-def initialise(service: int) -> None:
+_barrier: Any = None  # in a worker: its pool's barrier for `_started` (a worker's own state)
+
+
+def initialise(service: int, barrier: Any) -> None:
     """In each worker, first: SIGINT (a terminal's Ctrl-C reaches the whole group) is left to
     the service, and a thread ends the worker when the process `service` ends."""
+    global _barrier  # noqa: PLW0603 (set once per worker process, before its first call)
+    _barrier = barrier
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         watched = os.pidfd_open(service)
@@ -56,6 +62,13 @@ def _end_with(watched: int) -> None:
     os._exit(1)
 
 
+def _started() -> int:
+    """A worker's PID once every worker of its pool runs this call (a busy pool forks a worker
+    for each call it gets, so `Workers.start` forks them all)."""
+    _barrier.wait(timeout=300)
+    return os.getpid()
+
+
 class Workers:
     """`processes` worker processes, replaced when one dies."""
 
@@ -67,16 +80,15 @@ class Workers:
         self.pool = self._new()
 
     def _new(self) -> ProcessPoolExecutor:
+        barrier = self.context.Barrier(self.processes)
         return ProcessPoolExecutor(
-            self.processes, self.context, initializer=initialise, initargs=(os.getpid(),)
+            self.processes, self.context, initializer=initialise, initargs=(os.getpid(), barrier)
         )
 
     async def start(self) -> list[int]:
-        """Start every worker now (the pool starts one per call it has no idle worker for);
-        their PIDs."""
-        return sorted(
-            set(await asyncio.gather(*(self.call(os.getpid) for _ in range(self.processes))))
-        )
+        """Fork every worker now (the pool forks one for each call it has no idle worker for, so
+        a call that waits for all of them gets them all); their PIDs."""
+        return sorted(await asyncio.gather(*(self.call(_started) for _ in range(self.processes))))
 
     async def call(self, function: Callable[..., T], *args: Any) -> T:
         """`function(*args)` in a worker; retried once in a new pool if a worker died."""
