@@ -233,8 +233,9 @@ async def _layout(request: Request, service: ServiceDep) -> Response:
     labels, options = model.labels, parsed.options
     run = service.in_pool if workers is None else workers.call
     results = await asyncio.gather(*(run(finish, page, labels, options) for page in found))
-    if corrected is not None:  # the angle and corrected image preprocessing gave each page
-        results = [result | page.shown() for result, page in zip(results, corrected, strict=True)]
+    if corrected is not None:  # each page's angle and corrected image (a PNG: in a thread)
+        shown = await asyncio.gather(*(service.in_pool(page.shown) for page in corrected))
+        results = [result | extra for result, extra in zip(results, shown, strict=True)]
     log.debug("%d pages in %.3f s", len(results), time.monotonic() - started)
     return JSONResponse({"results": results})
 
