@@ -44,7 +44,8 @@ def parse_args(argv: list[str] | None) -> dict[str, Any]:
     add(
         "--worker-processes",
         type=int,
-        help="processes decoding, resizing and post-processing pages (default 4; 0: threads)",
+        help="processes decoding, resizing and post-processing pages (default: the cores this "
+        "process may use, at most 8; 0: threads)",
     )
     add("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
     given = vars(parser.parse_args(argv))

@@ -32,7 +32,7 @@ from ocrvl_layout.options import LayoutOptions, LayoutRequest, parse_request
 from ocrvl_layout.pages import decode, finish, prepare
 from ocrvl_layout.preprocess import Corrected, Preprocessor
 from ocrvl_layout.settings import Settings
-from ocrvl_layout.workers import Workers
+from ocrvl_layout.workers import Workers, default_processes
 
 log = logging.getLogger("ocrvl_layout")
 
@@ -76,9 +76,12 @@ class Service:
         sizes = warm_up_sizes(settings.max_batch, compiled=settings.compile)
         seconds = await loop.run_in_executor(None, model.warm_up, sizes)
         await loop.run_in_executor(None, preprocessor.warm_up)
-        if settings.worker_processes:
-            self.workers = Workers(settings.worker_processes, self.metrics.worker_restarts)
-            log.info("worker processes: pids %s", await self.workers.start())
+        processes = settings.worker_processes
+        if processes is None:
+            processes = default_processes()
+        if processes:
+            self.workers = Workers(processes, self.metrics.worker_restarts)
+            log.info("%d worker processes: pids %s", processes, await self.workers.start())
         self.batcher = Batcher(
             model,
             self.metrics,

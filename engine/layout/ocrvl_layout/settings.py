@@ -56,7 +56,10 @@ class Settings(BaseSettings):
         description="threads that parse bodies (and, with "
         "--worker-processes 0, decode images and post-process)",
     )
-    worker_processes: int = Field(
-        4, ge=0, description="processes that decode, resize and post-process pages; 0: threads"
+    worker_processes: int | None = Field(
+        None,
+        ge=0,
+        description="processes that decode, resize and post-process pages (unset: the cores "
+        "this process may use, at most 8); 0: the --workers threads",
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"

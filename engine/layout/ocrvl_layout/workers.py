@@ -39,6 +39,15 @@ T = TypeVar("T")
 PRELOAD = ["ocrvl_layout.workers", "ocrvl_layout.pages"]
 
 
+MOST = 8  # the default's cap (docs/layout.md, "Why this many")
+
+
+def default_processes() -> int:
+    """`--worker-processes` unset: the cores this process may run on, at most MOST."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(MOST, cores or 1)
+
+
 _barrier: Any = None  # in a worker: its pool's barrier for `_started` (a worker's own state)
 
 
