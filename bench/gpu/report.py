@@ -2,15 +2,16 @@
 
     python3 -m bench.gpu.report PLAN.json RES OUT
 
-RES holds what `bench.gpu.run` wrote: NN-VARIANT.json per window (bench.gpu.load's), alone-N.json
-(the layout service alone), floor-whole.json and floor-blocks.json (bench.gpu.floor's). The
-`default` variant (layout off) is held to the `whole` floor, `layout` (layout on) to `blocks`.
+RES holds what `bench.gpu.run` wrote: NN-VARIANT.json per window (bench.gpu.load's),
+alone-NN-SETTING.json (the layout service alone at each of the plan's `alone.services`; the
+first's median window is the summary's `layout_service_alone_pages_per_s`), floor-whole.json
+and floor-blocks.json (bench.gpu.floor's). The `default` variant (layout off) is held to the
+`whole` floor, `layout` (layout on) to `blocks`.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,13 +38,17 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
             figure = method.median(windows)
             figure["of_floor"] = method.of_floor(figure["pages_per_s_by_count"], floor_ms)
             figures[v["name"]] = figure
-    alone = [json.loads(path.read_text()) for path in sorted(res.glob("alone-*.json"))]
-    alone_figure = statistics.median(w["pages_per_s_by_count"] for w in alone) if alone else None
+    settings = plan["alone"]["services"]
+    alone = {name: [json.loads(f.read_text()) for f in sorted(res.glob(f"alone-*-{name}.json"))]
+             for name in settings}  # fmt: skip
+    alone = {name: method.median(windows) | {"flags": settings[name]}
+             for name, windows in alone.items() if windows}  # fmt: skip
+    alone_figure = next(iter(alone.values()), {}).get("pages_per_s_by_count")
     gpu = next((f["machine"].get("gpu") or f["machine"]["device"] for f in floors.values()), "?")
     whole = floors.get("off", {"ms_per_page": nan, "definition": "not measured"})
-    return {"summary": method.summary(gpu, whole, variants, alone_figure,
-                                      f"{plan['stem']}-raw.tar.gz"),
-            "figures": figures, "alone": alone}  # fmt: skip
+    summary = method.summary(gpu, whole, variants, alone_figure, f"{plan['stem']}-raw.tar.gz")
+    summary["layout_service_alone_by_setting"] = alone
+    return {"summary": summary, "figures": figures, "alone": alone}
 
 
 def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
@@ -72,9 +77,12 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
                       f"of its floor; every window flat: {figure['all_flat']}, steady: "
                       f"{figure['all_steady']}."]  # fmt: skip
         lines.append("")
-    alone = summary["layout_service_alone_pages_per_s"]
-    lines.append(f"Layout service alone: {alone:.2f} pages/s (median window by count)."
-                 if alone is not None else "Layout service alone: not measured.")  # fmt: skip
+    for name, alone in parts["alone"].items():
+        low, high = alone["spread"]["min"], alone["spread"]["max"]
+        lines.append(f"Layout service alone, {name} ({' '.join(alone['flags']) or 'defaults'}): "
+                     f"{alone['pages_per_s_by_count']:.2f} pages/s (median window by count; "
+                     f"spread {low:.2f}-{high:.2f}).  ")  # fmt: skip
+    lines += [] if parts["alone"] else ["Layout service alone: not measured."]
     return "\n".join(lines) + "\n"
 
 

@@ -14,10 +14,12 @@ host, the corpus, the window rules, the variants and the device calls, each a li
                   boxes, each page forwarded to the real service first) and a second gateway in
                   front of the same engines whose layout service is that stand-in
     window I      the I-th window of the variants' A B B A ... order (bench.gpu.load)
-    alone         the layout service alone: /v1/layout at its own port, `alone`'s windows
+    alone I       the I-th window of the layout service alone (/v1/layout), its settings'
+                  A B B A ... order: each of `alone.services` (a name: its flags) started on
+                  its own port at the first (kept for the next calls, as `up`'s stack is)
     report        RES's windows, floors and the layout service's into OUT/STEM.json (issue 50's
                   summary, bench.gpu.method.summary) and OUT/STEM.md
-    down          everything `up` started, by process group
+    down          everything `up` and `alone` started, by process group
 
 After every stage the results so far and every log go to OUT/STEM-raw.tar.gz, so a call cut
 short returns what it measured; a window that cannot end before the call's `limit_s` is skipped.
@@ -212,16 +214,27 @@ def window(p: Pass, index: int) -> None:
     )
 
 
-def alone(p: Pass) -> None:
-    for index in range(p.plan["alone"]["windows"]):
-        load(p, f"alone-{index}", p.url("layout"), p.plan["alone"]["concurrency"], "--api",
-             "layout", "--seed", str(index))  # fmt: skip
+def alone(p: Pass, index: int) -> None:
+    given, model = p.plan["alone"], p.path(p.host["layout_model"])
+    if model == "tiny":
+        model = os.environ.get("TINY_LAYOUT_DIR", ".cache/tiny-layout")
+    ports = {name: p.ports["layout"] + 1 + n for n, name in enumerate(given["services"])}
+    for name, port in ports.items():
+        if not (WORK / f"layout-{name}.pid").exists():
+            p.start(f"layout-{name}", [p.host["engine_python"], "-m", "ocrvl_layout", "--model",
+                    model, "--port", str(port), *given["services"][name]])  # fmt: skip
+    for name, port in ports.items():
+        p.wait_ready(f"layout-{name}", f"http://127.0.0.1:{port}/ready", p.host.get("ready_s", 600))
+    name = method.order(list(ports), given["windows"])[index]
+    load(p, f"alone-{index:02d}-{name}", f"http://127.0.0.1:{ports[name]}", given["concurrency"],
+         "--api", "layout", "--seed", str(index))  # fmt: skip
 
 
 def down(p: Pass) -> None:
-    """SIGTERM to each group `up` and `ready` started (serve.sh stops what it started), then
-    SIGKILL to what is left of the group 20 s later."""
-    for name in ("layout-gateway", "standin", "serve"):
+    """SIGTERM to each group `up`, `ready` and `alone` started (serve.sh stops what it
+    started), then SIGKILL to what is left of the group 20 s later."""
+    for name in ("layout-gateway", "standin", "serve",
+                 *(f"layout-{name}" for name in p.plan["alone"]["services"])):  # fmt: skip
         pid_file = WORK / f"{name}.pid"
         if not pid_file.exists():
             continue
@@ -249,7 +262,7 @@ def report(p: Pass) -> None:
 
 
 STAGES = {"install": install, "prepare": prepare, "floor": floor, "up": up, "ready": ready,
-          "alone": alone, "report": report, "down": down}  # fmt: skip
+          "report": report, "down": down}  # fmt: skip
 
 
 def stages(p: Pass, words: list[str]) -> int:
@@ -261,8 +274,8 @@ def stages(p: Pass, words: list[str]) -> int:
             if word == "receive":
                 part = words.pop(0)
                 p.run(["bash", "bench/gpu/host/receive.sh", ".gpu-wheels-032s", part])
-            elif word == "window":
-                window(p, int(words.pop(0)))
+            elif word in ("window", "alone"):
+                (window if word == "window" else alone)(p, int(words.pop(0)))
             else:
                 STAGES[word](p)
         except (RuntimeError, KeyError, OSError) as exc:

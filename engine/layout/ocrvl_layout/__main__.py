@@ -40,7 +40,13 @@ def parse_args(argv: list[str] | None) -> dict[str, Any]:
     add("--max-images", type=int, help="images in one request (default 32)")
     add("--max-pixels", type=int, help="pixels of one image (default 50000000)")
     add("--max-request-bytes", type=int, help="a request body's size (default 256 MiB)")
-    add("--workers", type=int, help="threads decoding images and post-processing (default 4)")
+    add("--workers", type=int, help="threads parsing bodies (default 4)")
+    add(
+        "--worker-processes",
+        type=int,
+        help="processes decoding, resizing and post-processing pages (default: the cores this "
+        "process may use, at most 8; 0: threads)",
+    )
     add("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
     given = vars(parser.parse_args(argv))
     return {name: value for name, value in given.items() if value is not None}

@@ -1,5 +1,5 @@
 """The HTTP API (docs/layout.md): POST /v1/layout, /health, /ready, /metrics; the lifespan that
-owns the model, the batcher and the worker threads."""
+owns the model, the batcher, the worker threads and the worker processes."""
 
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ from ocrvl_layout.errors import (
     error_body,
     install_handlers,
 )
-from ocrvl_layout.images import decode
 from ocrvl_layout.metrics import Metrics
 from ocrvl_layout.model import BatchPage, LayoutModel
-from ocrvl_layout.options import LayoutOptions, parse_request
-from ocrvl_layout.postprocess import layout_boxes
+from ocrvl_layout.options import LayoutOptions, LayoutRequest, parse_request
+from ocrvl_layout.pages import decode, finish, prepare
 from ocrvl_layout.preprocess import Corrected, Preprocessor
 from ocrvl_layout.settings import Settings
+from ocrvl_layout.workers import Workers, default_processes
 
 log = logging.getLogger("ocrvl_layout")
 
@@ -59,6 +59,7 @@ class Service:
         self.batcher: Batcher | None = None
         self.failure: str | None = None
         self.pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="layout-work")
+        self.workers: Workers | None = None
 
     async def load(self) -> str:
         """Load and warm the model (in a thread), then start batching; a line saying what runs."""
@@ -75,6 +76,12 @@ class Service:
         sizes = warm_up_sizes(settings.max_batch, compiled=settings.compile)
         seconds = await loop.run_in_executor(None, model.warm_up, sizes)
         await loop.run_in_executor(None, preprocessor.warm_up)
+        processes = settings.worker_processes
+        if processes is None:
+            processes = default_processes()
+        if processes:
+            self.workers = Workers(processes, self.metrics.worker_restarts)
+            log.info("%d worker processes: pids %s", processes, await self.workers.start())
         self.batcher = Batcher(
             model,
             self.metrics,
@@ -91,6 +98,8 @@ class Service:
     async def close(self) -> None:
         if self.batcher is not None:
             await self.batcher.stop()
+        if self.workers is not None:
+            await self.workers.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def ready(self) -> tuple[LayoutModel, Batcher]:
@@ -216,6 +225,45 @@ async def _layout(request: Request, service: ServiceDep) -> Response:
         service.preprocessor.require(parsed.orientation, parsed.unwarp)
     batcher.check_room(len(parsed.images))  # before decoding: shed load at once
     started = time.monotonic()
+    # worker processes, unless the preprocessing models (here) need the full-size pixels
+    workers = None if preprocessing else service.workers
+    if workers is None:
+        pages, corrected = await _in_threads(service, model, batcher, parsed)
+    else:
+        pages = await _in_workers(workers, model, parsed, settings.max_pixels)
+        corrected = None
+    found = await batcher.run(pages)
+    labels, options = model.labels, parsed.options
+    run = service.in_pool if workers is None else workers.call
+    results = await asyncio.gather(*(run(finish, page, labels, options) for page in found))
+    if corrected is not None:  # each page's angle and corrected image (a PNG: in a thread)
+        shown = await asyncio.gather(*(service.in_pool(page.shown) for page in corrected))
+        results = [result | extra for result, extra in zip(results, shown, strict=True)]
+    log.debug("%d pages in %.3f s", len(results), time.monotonic() - started)
+    return JSONResponse({"results": results})
+
+
+async def _in_workers(
+    workers: Workers, model: LayoutModel, parsed: LayoutRequest, limit: int
+) -> list[BatchPage]:
+    """Each page decoded and resized in a worker process; only the resized pixels come back."""
+    prep = model.preprocessing
+    prepared = await asyncio.gather(
+        *(
+            workers.call(prepare, url, i, limit, (prep.width, prep.height))
+            for i, url in enumerate(parsed.images)
+        )
+    )
+    threshold = _batch_threshold(parsed.options)
+    return [BatchPage(page.pixels, page.width, page.height, threshold) for page in prepared]
+
+
+async def _in_threads(
+    service: Service, model: LayoutModel, batcher: Batcher, parsed: LayoutRequest
+) -> tuple[list[BatchPage], list[Corrected]]:
+    """Each page decoded in a worker thread, corrected by the preprocessing models the request
+    asks for (in the forward thread), resized in a worker thread."""
+    settings = service.settings
     pixels = await asyncio.gather(
         *(
             service.in_pool(decode, url, i, settings.max_pixels)
@@ -223,42 +271,29 @@ async def _layout(request: Request, service: ServiceDep) -> Response:
         )
     )
     corrected = [Corrected(page, None, False) for page in pixels]
-    if preprocessing and service.preprocessor is not None:
+    if (parsed.orientation or parsed.unwarp) and service.preprocessor is not None:
         corrected = []
         for start in range(0, len(pixels), batcher.max_batch):  # at most a layout batch a pass
             corrected += await batcher.exclusive(
                 service.preprocessor.correct, pixels[start : start + batcher.max_batch],
                 parsed.orientation, parsed.unwarp,
             )  # fmt: skip
-    decoded = await asyncio.gather(
+    pages = await asyncio.gather(
         *(service.in_pool(_prepare, model, page.pixels, parsed.options) for page in corrected)
     )
-    found = await batcher.run(list(decoded))
-    results = await asyncio.gather(
-        *(
-            service.in_pool(_result, candidates, model.labels, parsed.options, page)
-            for candidates, page in zip(found, corrected, strict=True)
-        )
-    )
-    log.debug("%d pages in %.3f s", len(results), time.monotonic() - started)
-    return JSONResponse({"results": results})
+    return list(pages), corrected
+
+
+def _batch_threshold(options: LayoutOptions) -> float:
+    """transformers' post-processing threshold for a page: PaddleX gives it 0.0 when thresholds
+    are per class (DetTransformersPredictor._get_hf_threshold) and applies them itself after."""
+    return 0.0 if isinstance(options.threshold, dict) else options.threshold
 
 
 def _prepare(model: LayoutModel, pixels: Any, options: LayoutOptions) -> BatchPage:
     """A decoded page resized for the model (a worker thread)."""
     height, width = pixels.shape[:2]
-    # PaddleX gives transformers' post-processing 0.0 when thresholds are per class
-    # (DetTransformersPredictor._get_hf_threshold) and applies them itself afterwards
-    threshold = 0.0 if isinstance(options.threshold, dict) else options.threshold
-    return BatchPage(model.preprocessing.resize(pixels), width, height, threshold)
-
-
-def _result(
-    candidates: Any, labels: list[str], options: LayoutOptions, page: Corrected
-) -> dict[str, Any]:
-    boxes = layout_boxes(candidates, labels, options)
-    result = {"width": candidates.width, "height": candidates.height, "boxes": boxes}
-    return result | page.shown()
+    return BatchPage(model.preprocessing.resize(pixels), width, height, _batch_threshold(options))
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

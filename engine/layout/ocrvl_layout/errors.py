@@ -1,6 +1,7 @@
 """The layout service's exception tree, and the handlers that give every error OpenAI's shape.
 
     LayoutError                      any error the service answers itself
+    ├── WorkerLost           500     a worker process died twice on the request's pages
     ├── InvalidRequest       400     not JSON, no images, a bad override, an image that is not one
     ├── PayloadTooLarge      413     the body is over --max-request-bytes
     ├── NotReady             503     the model is still loading or warming up (Retry-After)
@@ -53,6 +54,12 @@ class InvalidRequest(LayoutError):
     status = 400
     type = "invalid_request_error"
     code = "invalid_value"
+
+
+class WorkerLost(LayoutError):
+    """A worker process (workers.py) died on a call, and again on its one retry."""
+
+    code = "worker_lost"
 
 
 class NotLoaded(InvalidRequest):

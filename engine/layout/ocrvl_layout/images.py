@@ -1,4 +1,5 @@
-"""Images in: a data: URL decoded and checked, then resized to the model's input as PaddleX does.
+"""The model's input: a page resized to its size as PaddleX does (pages.py, torch-free), then
+scaled on the device with its batch.
 
 PaddleX resizes a page for PP-DocLayoutV3 with OpenCV, `cv2.resize(..., INTER_CUBIC)` to 800x800
 without keeping the ratio, then scales by 1/255 with mean 0 and std 1
@@ -11,23 +12,15 @@ checkpoint's own `preprocessor_config.json`.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
 import json
-import re
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import cv2
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 
-from ocrvl_layout.errors import InvalidRequest, quoted
+from ocrvl_layout.pages import resize
 
-DATA_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+)(;[^,;]*=[^,;]*)*;base64,", re.IGNORECASE)
 CONFIG_FILE = "preprocessor_config.json"
 
 
@@ -60,7 +53,7 @@ class Preprocessing:
 
     def resize(self, image: np.ndarray) -> np.ndarray:
         """An (H, W, 3) uint8 RGB page at the model's input size, as PaddleX's Resize does it."""
-        return cv2.resize(image, (self.width, self.height), interpolation=cv2.INTER_CUBIC)
+        return resize(image, self.width, self.height)
 
     def normalise(self, pixels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """A (B, H, W, 3) uint8 batch as the model's (B, 3, H, W) input: PaddleX's Normalize
@@ -76,59 +69,3 @@ class Preprocessing:
 def _triple(value: float | list[float]) -> tuple[float, float, float]:
     values = [float(value)] * 3 if isinstance(value, int | float) else [float(v) for v in value]
     return (values[0], values[1], values[2])
-
-
-def decode(url: str, index: int, max_pixels: int) -> np.ndarray:
-    """The RGB pixels of `images[index]`, an image data: URL, as an (H, W, 3) uint8 array.
-
-    The pixel grid is the file's own: EXIF orientation is not applied, so coordinates are in the
-    pixels as stored, as the pipeline that crops them reads them.
-    """
-    param = f"images.{index}"
-    match = DATA_URL.match(url)
-    if match is None:
-        raise InvalidRequest(
-            f"images[{index}] must be a data:image/...;base64,... URL; got {quoted(url[:60])}",
-            param=param,
-            code="invalid_image",
-        )
-    try:
-        data = base64.b64decode(url[match.end() :], validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidRequest(
-            f"images[{index}]: the base64 payload does not decode",
-            param=param,
-            code="invalid_image",
-        ) from None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
-        try:
-            image = Image.open(io.BytesIO(data))
-            width, height = image.size
-            if width * height > max_pixels:
-                raise _too_large(index, width, height, max_pixels)
-            image.load()
-            return np.asarray(image.convert("RGB"))
-        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-            raise InvalidRequest(
-                f"images[{index}] has more pixels than is safe to decode; "
-                f"at most {max_pixels} (--max-pixels)",
-                param=param,
-                code="image_too_large",
-            ) from None
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
-            raise InvalidRequest(
-                f"images[{index}] ({match.group(1)}) is not an image this service can read: "
-                f"{quoted(str(error), 120)}",
-                param=param,
-                code="invalid_image",
-            ) from None
-
-
-def _too_large(index: int, width: int, height: int, max_pixels: int) -> InvalidRequest:
-    return InvalidRequest(
-        f"images[{index}] is {width}x{height} = {width * height} pixels; "
-        f"at most {max_pixels} (--max-pixels)",
-        param=f"images.{index}",
-        code="image_too_large",
-    )

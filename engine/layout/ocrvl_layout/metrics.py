@@ -80,5 +80,10 @@ class Metrics:
         self.queue_depth = Gauge(
             "ocrvl_layout_queue_pages", "Pages waiting for a forward pass.", registry=r
         )
+        self.worker_restarts = Counter(
+            "ocrvl_layout_worker_restarts",
+            "Times the worker processes were replaced after one died.",
+            registry=r,
+        )
         self.ready = Gauge("ocrvl_layout_ready", "1 once the model is loaded and warm.", registry=r)
         r.register(GpuMemory(gpu_memory))

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ocrvl_layout.detections import Candidates, polygons
+from ocrvl_layout.boxes import Candidates, polygons
 from ocrvl_layout.options import LayoutOptions
 from ocrvl_layout.shapes import outline
 

@@ -50,5 +50,16 @@ class Settings(BaseSettings):
         description="pixels of one image (width x height): the gateway's OCRVL_MAX_PAGE_PIXELS",
     )
     max_request_bytes: int = Field(256 * 1024 * 1024, ge=1, description="a request body's size")
-    workers: int = Field(4, ge=1, description="threads that decode images and post-process")
+    workers: int = Field(
+        4,
+        ge=1,
+        description="threads that parse bodies (and, with "
+        "--worker-processes 0, decode images and post-process)",
+    )
+    worker_processes: int | None = Field(
+        None,
+        ge=0,
+        description="processes that decode, resize and post-process pages (unset: the cores "
+        "this process may use, at most 8); 0: the --workers threads",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"

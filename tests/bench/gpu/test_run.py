@@ -21,19 +21,35 @@ def plan(name: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", ["h200-method2.json", "cpu-rehearsal.json"])
 def test_every_call_names_stages_the_harness_has(name: str) -> None:
-    """Each call's words are stages (with a part number or a window index after `receive` and
-    `window`); every window of the A B B A order is run once, after `floor` and `up`."""
+    """Each call's words are stages (with a part number or a window index after `receive`,
+    `window` and `alone`); every window of each A B B A order is run once."""
     given = plan(name)
     words = " ".join(" ".join(call) for call in given["calls"]).split()
-    windows = []
+    indices: dict[str, list[int]] = {"receive": [], "window": [], "alone": []}
     while words:
         word = words.pop(0)
-        if word in ("receive", "window"):
-            (windows if word == "window" else []).append(int(words.pop(0)))
+        if word in indices:
+            indices[word].append(int(words.pop(0)))
         else:
             assert word in run.STAGES
     turns = method.order([v["name"] for v in given["variants"]], given["windows"])
-    assert sorted(windows) == list(range(len(turns)))
+    assert sorted(indices["window"]) == list(range(len(turns)))
+    alone = method.order(list(given["alone"]["services"]), given["alone"]["windows"])
+    assert sorted(indices["alone"]) == list(range(len(alone)))
+
+
+def test_the_layout_service_alone_compares_its_processes_with_its_threads() -> None:
+    """Both plans load the layout service alone with worker processes (on the H200 as it
+    ships: no --worker-processes) and with threads (`--worker-processes 0`), at least two
+    windows each (A B B A), the processes first."""
+    for name in ("h200-method2.json", "cpu-rehearsal.json"):
+        alone = plan(name)["alone"]
+        flags = {n: " ".join(f) for n, f in alone["services"].items()}
+        assert list(flags) == ["processes", "threads"]
+        assert "--worker-processes 0" in flags["threads"]
+        assert "--worker-processes 0" not in flags["processes"]
+        assert alone["windows"] >= 2
+    assert "--worker-processes" not in plan("h200-method2.json")["alone"]["services"]["processes"]
 
 
 def test_the_h200_plan_keeps_method_2s_rules() -> None:
@@ -70,7 +86,8 @@ def test_the_report_writes_the_summary_and_the_median_against_each_floor(
     res.mkdir()
     for index, turn in enumerate(method.order(["default", "layout"], 3)):
         window_file(res, f"{index:02d}-{turn}", 8 if turn == "default" else 4)
-    window_file(res, "alone-0", 16)
+    for index, setting in enumerate(method.order(["processes", "threads"], 2)):
+        window_file(res, f"alone-{index:02d}-{setting}", 16 if setting == "processes" else 8)
     for variant, ms in (("whole", 25.0), ("blocks", 40.0)):
         floor = {"ms_per_page": ms, "definition": "d", "machine": {"gpu": "NVIDIA H200"}}
         (res / f"floor-{variant}.json").write_text(json.dumps(floor))
@@ -81,6 +98,10 @@ def test_the_report_writes_the_summary_and_the_median_against_each_floor(
     found = [(v["name"], v["floor_ms_per_page"], len(v["windows"])) for v in summary["variants"]]
     assert found == [("default", 25.0, 3), ("layout", 40.0, 3)]
     assert summary["layout_service_alone_pages_per_s"] == pytest.approx(8.0, rel=0.05)
+    by_setting = summary["layout_service_alone_by_setting"]
+    assert by_setting["threads"]["pages_per_s_by_count"] == pytest.approx(4.0, rel=0.05)
+    assert by_setting["threads"]["flags"][-2:] == ["--worker-processes", "0"]
     text = (out / "gpu-h200-method2.md").read_text()
     assert "**4.00 pages/s** (median window by count" in text
     assert "**10.0 %** of its floor" in text  # 4 pages/s x 25 ms
+    assert "Layout service alone, threads (--max-batch 8 --worker-processes 0): 4.00" in text

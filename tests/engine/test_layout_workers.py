@@ -1,0 +1,179 @@
+"""The layout service's worker processes (`--worker-processes`, docs/layout.md), served for real
+on the tiny checkpoint: the same answers as the in-process threads on varied pages, the same 400
+bodies for bad images, a worker killed by its PID (a fault no real part produces on demand, so
+the test makes it) replaced with no request failing, no process outliving the service however it
+ends, and workers that never load torch."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import re
+import select
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.engine.test_layout_api import BAD_BODIES, SMALL_PNG, page_url, post
+from tests.support.layout_pages import layout_page
+from tests.support.layout_service import LayoutService, start_layout_service
+from tests.support.pages import data_url
+
+pytestmark = pytest.mark.engine
+ADDRESS = re.compile(r"0x[0-9a-f]+")
+
+BAD_IMAGES = {name: (body["images"][0], code) for name, (body, param, code) in BAD_BODIES.items()
+              if param == "images.0" and code in ("invalid_image", "image_too_large")}  # fmt: skip
+
+
+def varied_pages() -> list[str]:
+    """Pages of six shapes and five encodings: PNG and JPEG, grey, with alpha, a palette."""
+    sizes = ((1240, 1754), (1754, 1240), (640, 1600), (1000, 1000), (700, 440))
+    pages = [page_url(i, w, h, "PNG" if i % 2 else "JPEG") for i, (w, h) in enumerate(sizes)]
+    for mode in ("L", "RGBA", "P"):
+        out = io.BytesIO()
+        layout_page(20 + len(pages), 1275, 1650).convert(mode).save(out, format="PNG")
+        pages.append(data_url(out.getvalue(), "image/png"))
+    return pages
+
+
+@pytest.fixture(scope="module")
+def threads_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The service as before worker processes: decoding and post-processing in its threads."""
+    folder = tmp_path_factory.mktemp("layout-threads")
+    service = start_layout_service(folder / "layout.log", "--worker-processes", "0")
+    yield service.url
+    service.stop()
+
+
+def family(pid: int) -> dict[int, int]:
+    """Every descendant of `pid` and its depth (1: a child), from /proc."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # ended meanwhile
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    depth, found, frontier = 1, {}, {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found |= dict.fromkeys(frontier, depth)
+        depth += 1
+    return found
+
+
+def workers_of(service: LayoutService) -> list[int]:
+    """The worker processes: forked by the fork server, the service's child."""
+    return sorted(pid for pid, depth in family(service.process.pid).items() if depth == 2)
+
+
+def wait_ended(pids: dict[int, int], seconds: float) -> list[int]:
+    """Wait on each pidfd until its process ends; those still running after `seconds`."""
+    return [pid for pid, fd in pids.items() if not select.select([fd], [], [], seconds)[0]]
+
+
+def restarts(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    line = next(x for x in text.splitlines() if x.startswith("ocrvl_layout_worker_restarts_total"))
+    return float(line.split()[-1])
+
+
+def test_worker_processes_answer_as_the_threads_do(
+    layout_service: str, threads_service: str
+) -> None:
+    """Eight varied pages in one request, alone, and with per-class thresholds and polygon
+    outlines: the default service (worker processes) answers exactly what the threads do."""
+    pages = varied_pages()
+    bodies = [{"images": pages}, {"images": pages[3:4]},
+              {"images": pages[:4], "threshold": {"22": 0.35, "17": 0.4},
+               "layout_shape_mode": "poly", "layout_merge_bboxes_mode": "large"}]  # fmt: skip
+    answers = []
+    for body in bodies:
+        by_threads = post(threads_service, body)
+        by_processes = post(layout_service, body)
+        assert by_processes.status_code == by_threads.status_code == 200, by_processes.text
+        assert by_processes.json() == by_threads.json()
+        answers.append(by_threads.json()["results"])
+    assert sum(len(result["boxes"]) for result in answers[0]) >= 10, "boxes to compare"
+    assert any("polygon_points" in box for result in answers[2] for box in result["boxes"])
+
+
+@pytest.mark.parametrize("name", list(BAD_IMAGES))
+def test_a_bad_image_is_the_same_400_from_a_worker_process(
+    layout_service: str, threads_service: str, name: str
+) -> None:
+    """A bad image second of three: the same status and body (message, param images.1, code)
+    whether a thread or a worker process decoded it (but for the address of Pillow's buffer,
+    which its message names and which differs from one call to the next)."""
+    image, code = BAD_IMAGES[name]
+    body = {"images": [data_url(SMALL_PNG, "image/png"), image, data_url(SMALL_PNG, "image/png")]}
+    by_threads, by_processes = post(threads_service, body), post(layout_service, body)
+    assert by_processes.status_code == by_threads.status_code == 400
+    assert ADDRESS.sub("0x?", by_processes.text) == ADDRESS.sub("0x?", by_threads.text)
+    assert (by_processes.json()["error"]["param"], by_processes.json()["error"]["code"]) == (
+        "images.1", code)  # fmt: skip
+
+
+def test_an_invalid_request_crosses_the_process_boundary_whole() -> None:
+    """InvalidRequest pickles with its message, param and code (a worker's raise is the
+    handler's 400)."""
+    from ocrvl_layout.errors import InvalidRequest  # noqa: PLC0415
+
+    sent = InvalidRequest("images[3] is not an image", param="images.3", code="invalid_image")
+    got = pickle.loads(pickle.dumps(sent))  # noqa: S301 (our own object)
+    assert type(got) is InvalidRequest
+    assert (got.message, got.param, got.code, got.status) == (
+        sent.message, "images.3", "invalid_image", 400)  # fmt: skip
+
+
+def test_a_killed_worker_is_replaced_and_the_next_request_succeeds(tmp_path: Path) -> None:
+    """SIGKILL to one worker by its PID: the next request is answered 200 with the boxes it got
+    before, the pool is replaced (the restarts counter says 1), the dead PID is no worker."""
+    service = start_layout_service(tmp_path / "layout.log", "--worker-processes", "2")
+    try:
+        body = {"images": varied_pages()[:3]}
+        before = post(service.url, body)
+        assert before.status_code == 200, before.text
+        workers = workers_of(service)
+        assert len(workers) == 2, workers
+        for pid in workers:  # no torch in a worker: its memory maps no libtorch
+            assert "libtorch" not in Path(f"/proc/{pid}/maps").read_text()
+        victim = workers[0]
+        fd = os.pidfd_open(victim)
+        os.kill(victim, signal.SIGKILL)
+        assert not wait_ended({victim: fd}, 60)
+        os.close(fd)
+        after = post(service.url, body)
+        assert after.status_code == 200, after.text
+        assert after.json() == before.json()
+        assert restarts(service.url) == 1
+        assert victim not in workers_of(service)
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_no_process_outlives_the_service(tmp_path: Path, how: signal.Signals) -> None:
+    """The service stopped (SIGTERM: it shuts its pool down) or killed (SIGKILL: the fork server
+    ends and each worker's parent-death signal kills it): every process it started ends."""
+    service = start_layout_service(tmp_path / "layout.log", "--worker-processes", "2")
+    try:
+        assert post(service.url, {"images": varied_pages()[:2]}).status_code == 200
+        assert len(workers_of(service)) == 2
+        descendants = {pid: os.pidfd_open(pid) for pid in family(service.process.pid)}
+        service.process.send_signal(how)
+        service.process.wait(timeout=60)
+        outlived = wait_ended(descendants, 60)
+        for pid in outlived:  # the test's own, ended so that its output pipe closes
+            os.kill(pid, signal.SIGKILL)
+        assert outlived == [], "processes outlived the service"
+        for fd in descendants.values():
+            os.close(fd)
+    finally:
+        service.stop()
