@@ -26,13 +26,15 @@ LAYOUT_PORT ?= 8300
 VLLM_PORT ?= 8118
 PORT ?= 8000
 URL ?= http://127.0.0.1:28118
+# the docker tier's loopback ports, apart from those of the engine pass that runs beside it
+DOCKER_PORT_BASE ?= 10000
 N ?= 200
 C ?= 20
 
 export HF_HUB_OFFLINE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 
-.PHONY: help venv lock paddleocr-venv tiny-model tiny-layout tiny-preprocess test test-fast test-latest check fmt serve hey up bench clean
+.PHONY: help venv lock paddleocr-venv tiny-model tiny-layout tiny-preprocess test test-fast test-latest test-engine test-docker check fmt serve hey up bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -92,11 +94,19 @@ TEST_ENV = TINY_MODEL_DIR=$(abspath $(TINY_MODEL_DIR)) TINY_LAYOUT_DIR=$(abspath
 	OCRVL_ENGINE_VENV=$(abspath $(VENV))
 
 # The in-process tier and the newest FastAPI's check side by side (they need the gateway's venv
-# alone), then the serial tier and the engine pass, one after the other.
-test: venv tiny-model tiny-layout tiny-preprocess paddleocr-venv  ## every test tier (in-process and newest FastAPI side by side; then serial, engine)
+# alone); then the serial tier but the docker tier; then the engine pass and the docker tier side
+# by side (each waits mostly on its own processes: vLLM starts, image builds), each's output once
+# it ends, the docker tier's ports in a range of their own.
+test: venv tiny-model tiny-layout tiny-preprocess paddleocr-venv  ## every test tier (in-process and newest FastAPI; serial; engine and docker)
 	$(MAKE) --no-print-directory -j2 test-fast test-latest
-	$(TEST_ENV) $(GW) -m pytest -m serial
+	$(TEST_ENV) $(GW) -m pytest -m "serial and not docker"
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-engine test-docker
+
+test-engine: venv  ## the engine pass: tests that import vLLM, torch or transformers, in the engine venv
 	$(TEST_ENV) $(PY) -m pytest -m engine
+
+test-docker: venv  ## the docker tier: the compose stack in a real Docker Engine (docs/development.md)
+	$(TEST_ENV) OCRVL_TEST_PORT_BASE=$(DOCKER_PORT_BASE) $(GW) -m pytest -m docker
 
 test-latest: $(GATEWAY_VENV)/.installed  ## tests/test_route_labels.py under the newest FastAPI and Starlette
 	scripts/latest.sh $(GATEWAY_VENV)
