@@ -10,6 +10,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 COLUMNS = (
     "target", "c", "requests", "ok", "429", "503", "failed", "pages/s", "C/avg pages/s",
     "tokens/s",
@@ -227,3 +229,11 @@ def write(report: dict[str, Any], out: Path, name: str) -> tuple[Path, Path]:
     as_json.write_text(json.dumps(report, indent=1) + "\n")
     as_md.write_text(markdown(report))
     return as_json, as_md
+
+
+def keep(stem: Path, raw: dict[str, Any], text: str) -> None:
+    """A benchmark's result files: `stem`.json (the raw result, indented) and `stem`.md (`text`),
+    their folder made if need be."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_bytes(orjson.dumps(raw, option=orjson.OPT_INDENT_2))
+    stem.with_suffix(".md").write_text(text)

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 
+from app.bench.report import keep
 from bench.cache.stack import stack
 from bench.overhead import CLIENT_KEY, ROOT
 from bench.overhead.report import machine
@@ -164,11 +164,9 @@ def main() -> None:
         "date": today, "args": {**vars(args), "out": str(args.out)}, "repeats": repeats,
         "document_bytes": len(data), "machine": machine(), "rounds": rounds, "medians": medians,
     }  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"cache-{today}{args.tag}"
-    stem.with_suffix(".json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     markdown = report(result)
-    stem.with_suffix(".md").write_text(markdown)
+    keep(stem, result, markdown)
     print(markdown)
     print(f"wrote {stem}.json and .md")
 

@@ -25,8 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from app.bench.report import keep
 from app.bodies import READ_AHEAD
 from bench.memory.__main__ import MB, SETTLE, Sampler, rss
 from bench.overhead import CLIENT_KEY, MODEL, ROOT
@@ -156,10 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         **measure(args),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / ("chunked-" + result["date"] + (f"-{args.tag}" if args.tag else ""))
-    stem.with_suffix(".json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
-    stem.with_suffix(".md").write_text(markdown(result))
+    keep(stem, result, markdown(result))
     print(markdown(result))
     return 0
 

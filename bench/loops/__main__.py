@@ -33,6 +33,7 @@ import httpx
 import orjson
 from PIL import Image, ImageDraw
 
+from app.bench.report import keep
 from bench.overhead.processes import VENV_BIN, spawn, stop, wait_ready
 from bench.overhead.report import machine
 from tests.support.layout_standin import LayoutStandin, box
@@ -217,10 +218,8 @@ def main() -> None:
     rows = summary(result, args)
     text = report(result, rows, args)
     stem = args.out / f"loops-guard-{datetime.date.today().isoformat()}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
     raw = {"args": {k: str(v) for k, v in vars(args).items()}, **result, "summary": rows}
-    stem.with_suffix(".json").write_bytes(orjson.dumps(raw, option=orjson.OPT_INDENT_2))
-    stem.with_suffix(".md").write_text(text)
+    keep(stem, raw, text)
     print(text)
     print(f"wrote {stem}.json and .md")
 

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import orjson
 
+from app.bench.report import keep
 from bench.overhead import CLIENT_KEY, MODEL, REWRITTEN, ROOT
 from bench.overhead.processes import running
 from bench.overhead.report import machine
@@ -208,10 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         **measure(args),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / ("memory-" + result["date"] + (f"-{args.tag}" if args.tag else ""))
-    stem.with_suffix(".json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
-    stem.with_suffix(".md").write_text(markdown(result))
+    keep(stem, result, markdown(result))
     print(markdown(result))
     return 0
 

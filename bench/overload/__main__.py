@@ -22,9 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from app.bench.report import machine
+from app.bench.report import keep, machine
 from app.bench.stats import quantile
 from bench.overload import openloop, report, servers
 
@@ -134,10 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         **results,
     }
     result["targets"] = report.targets(result)
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"overload-{result['date']}{'-' + args.tag if args.tag else ''}"
-    stem.with_suffix(".json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
-    stem.with_suffix(".md").write_text(report.markdown(result))
+    keep(stem, result, report.markdown(result))
     report.plot(result, stem.with_suffix(".png"))
     print(report.markdown(result))
     return 0

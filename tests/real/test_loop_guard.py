@@ -31,6 +31,18 @@ def body(vllm: VLLMServer, max_tokens: int, **extra: object) -> dict[str, object
     }
 
 
+async def chat(
+    gateway: GatewayServer, request: dict[str, object], headers: dict[str, str]
+) -> httpx.Response:
+    """POST `request` to the gateway's /v1/chat/completions with its key and `headers`."""
+    async with httpx.AsyncClient(timeout=300) as client:
+        return await client.post(
+            f"{gateway.url}/v1/chat/completions",
+            json=request,
+            headers={"authorization": f"Bearer {gateway.api_key}", **headers},
+        )
+
+
 async def generated(vllm: VLLMServer) -> float:
     """vLLM's own count of the tokens it has generated (`vllm:generation_tokens_total`)."""
     async with httpx.AsyncClient() as client:
@@ -49,12 +61,7 @@ async def test_a_request_forced_to_loop_is_stopped_within_the_window(
     window = loops.TEXT.need(1)
     before = await generated(vllm_server)
     forced = body(vllm_server, 3000, logit_bias={str(ELLIPSIS): 100}, ignore_eos=True)
-    async with httpx.AsyncClient(timeout=300) as client:
-        response = await client.post(
-            f"{gateway.url}/v1/chat/completions",
-            json=forced,
-            headers={"authorization": f"Bearer {gateway.api_key}", **GUARD},
-        )
+    response = await chat(gateway, forced, GUARD)
     assert response.status_code == 200, response.text
     answer = response.json()
     choice = answer["choices"][0]
@@ -81,12 +88,7 @@ async def test_a_streamed_request_forced_to_loop_ends_with_the_repetition_event(
         vllm_server, 3000, logit_bias={str(ELLIPSIS): 100}, ignore_eos=True, stream=True,
         stream_options={"include_usage": True},
     )  # fmt: skip
-    async with httpx.AsyncClient(timeout=300) as client:
-        response = await client.post(
-            f"{gateway.url}/v1/chat/completions",
-            json=forced,
-            headers={"authorization": f"Bearer {gateway.api_key}", **GUARD},
-        )
+    response = await chat(gateway, forced, GUARD)
     assert response.status_code == 200, response.text
     events = [block[6:] for block in response.text.split("\n\n") if block.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -109,15 +111,10 @@ async def test_a_normal_request_is_the_same_with_the_guard_on_and_off(
     and usage are the unguarded answer's."""
     plain = body(vllm_server, 200)
     answers = []
-    async with httpx.AsyncClient(timeout=300) as client:
-        for headers in ({}, GUARD):
-            response = await client.post(
-                f"{gateway.url}/v1/chat/completions",
-                json=plain,
-                headers={"authorization": f"Bearer {gateway.api_key}", **headers},
-            )
-            assert response.status_code == 200, response.text
-            answers.append(response.json())
+    for headers in ({}, GUARD):
+        response = await chat(gateway, plain, headers)
+        assert response.status_code == 200, response.text
+        answers.append(response.json())
     unguarded, guarded = answers
     assert "loop" not in guarded
     assert (
