@@ -329,7 +329,8 @@ def layout_service(
 ENGINE_FIXTURES = {"serve_parser", "checker"}  # vLLM's own `vllm serve` parser, imported
 # What runs a real part, or a session's one (the engine, the layout service, PaddleX, nginx, a
 # browser, Docker), or times a real stack: `serial`, never beside other tests (`make test`
-# runs the rest on four workers first).
+# runs the rest on four workers first; only the docker tier, which times nothing, runs beside
+# the engine pass at the end).
 SERIAL_FOLDERS = ("real", "deploy", "ui", "fidelity", "engine")
 # (PaddleX's own code runs in every paddlex/ file but test_layout_parsing.py, in-process.)
 SERIAL_FILES = {
