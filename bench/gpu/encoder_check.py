@@ -3,7 +3,7 @@
     python -m bench.gpu.encoder_check [--batches 1,2,4,8,16,32,64] [--repeat 5] [--out FILE]
     python -m bench.gpu.encoder_check --device cpu --tiny DIR    # CI: the tiny checkpoint
     python -m bench.gpu.encoder_check --kinds pages,blocks --attention vllm,sdpa,cudnn,grouped
-        [--stock-backend FLASHINFER]    # issue 50: the ViT attention modes, timed and checked
+        [--stock-backend B] [--backends TRITON_ATTN,TORCH_SDPA]    # issue 50: ViT attention
 
 On the H200 host, after `python3 -m bench.gpu.run PLAN install` (vLLM 0.32 and the plugin in
 /tmp/site032): `. bench/gpu/host/env.sh && python3 -m bench.gpu.encoder_check --out FILE`.
@@ -17,7 +17,9 @@ parse sends them (`batch_grids`: whole pages, blocks at PaddleX's min_pixels 112
 other sizes; `--kinds pages` or `blocks`: only those), resized by vLLM's own smart_resize;
 random pixels. Each of `--attention`'s modes (the plugin's OCRVL_PLUGIN_VIT_ATTENTION, its
 attention.py) is checked and timed on every batch; `--stock-backend` builds vLLM's own class with
-that `--mm-encoder-attn-backend` (FLASHINFER, where its wheels are installed) for the stock line.
+that `--mm-encoder-attn-backend` for the stock line (default: vLLM's pick, flash-attn on an H200),
+and each of `--backends` builds one more of vLLM's classes with that backend, checked against the
+stock line and timed beside it (`backends` per batch: vLLM's own ViT attention backends).
 
 Per batch: the largest difference between the two classes' embeddings (absolute, and relative
 to the stock's largest magnitude) and each class's encoder time (`embed_multimodal`, the call the
@@ -196,9 +198,18 @@ def check_batch(
             modes[mode] = got | {"within": got["max_rel"] <= row["bound_rel"], "ms": ms,
                                  "speedup": row["stock_ms"] / ms}  # fmt: skip
         encoder.attend = default
+        backends = {}
+        for name, model in models.get("backends", {}).items():
+            got = distance(model.embed_multimodal(**kwargs), stock)
+            ms = timed(lambda m=model: m.embed_multimodal(**kwargs), args.device, False,
+                       args.repeat)  # fmt: skip
+            backends[name] = got | {"within": got["max_rel"] <= row["bound_rel"], "ms": ms,
+                                    "speedup": row["stock_ms"] / ms}  # fmt: skip
     row["speedup"] = row["stock_ms"] / row["plugin_ms"]
-    row["modes"] = modes
-    row["within"] = row["within"] and all(m["within"] for m in modes.values())
+    row["modes"], row["backends"] = modes, backends
+    row["within"] = row["within"] and all(
+        m["within"] for m in (*modes.values(), *backends.values())
+    )
     return row
 
 
@@ -212,8 +223,9 @@ def table(report: dict[str, Any]) -> str:
         f"{'stock ms':>9} {'plugin ms':>9} {'speedup':>7}",
     ]
     for row in report["batches"]:
+        lines_of = row["modes"] | row.get("backends", {})
         modes = "  ".join(f"{name} {m['ms']:.2f} ms{'' if m['within'] else ' !'}"
-                          for name, m in row["modes"].items())  # fmt: skip
+                          for name, m in lines_of.items())  # fmt: skip
         lines.append(
             f"{row['images']:>6} {row['patches']:>8} {row['max_abs']:>10.3g} "
             f"{row['max_rel']:>10.3g} {row['bound_rel']:>10.3g} {row['stock_ms']:>9.2f} "
@@ -236,6 +248,7 @@ def parser() -> argparse.ArgumentParser:
     options.add_argument("--kinds", default="mixed", help="mixed, pages, blocks (a,b: each)")
     options.add_argument("--attention", default="", help="the plugin's modes to check and time")
     options.add_argument("--stock-backend", help="vLLM's --mm-encoder-attn-backend for stock")
+    options.add_argument("--backends", default="", help="more of vLLM's ViT backends to time")
     options.add_argument("--out", type=Path, default=Path("encoder-check.json"))
     return options
 
@@ -260,9 +273,17 @@ def main(argv: list[str] | None = None) -> int:
     args.attention = [mode for mode in args.attention.split(",") if mode]
     model_dir, dtype, kind = checkpoint(args)
     built = pair(model_dir, args.device, dtype, args.stock_backend)
-    models = dict(zip(("stock", "plugin"), built, strict=True))
+    models: dict[str, Any] = dict(zip(("stock", "plugin"), built, strict=True))
+    stock_class = type(models["stock"])
+    models["backends"], refused = {}, {}
+    for name in filter(None, args.backends.split(",")):
+        try:  # a backend this vLLM or GPU refuses is reported, not fatal
+            models["backends"][name] = build(model_dir, stock_class, args.device, dtype, name)
+        except Exception as exc:
+            refused[name] = f"{type(exc).__name__}: {exc}"[:500]
+            print(f"backend {name} refused: {refused[name]}", flush=True)
     if dtype != torch.float32:
-        models["reference"] = build(model_dir, type(models["stock"]), args.device, torch.float32)
+        models["reference"] = build(model_dir, stock_class, args.device, torch.float32)
     rng = random.Random(args.seed)  # noqa: S311 (a seeded choice of image sizes)
     batches = [
         check_batch(models, batch_grids(int(n), rng, kinds), args, args.seed + i) | {"kind": kinds}
@@ -281,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         "attention": models["plugin"].visual.vision_model.encoder.attn_backend.name,
         "stock_attention": models["stock"].visual.vision_model.encoder.attn_backend.name,
         "fused_rotary": models["plugin"].packed_encoder.rotate is not None,
+        "backends_refused": refused,
         "batches": batches,
         "within": all(row["within"] for row in batches),
     }  # fmt: skip

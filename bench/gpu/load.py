@@ -177,15 +177,18 @@ async def measure(args: argparse.Namespace, corpus_pages: list[Page]) -> dict[st
     """Run one window; its report (also written to OUT/NAME.json beside the CSV)."""
     args.out.mkdir(parents=True, exist_ok=True)
     load = Load(args, corpus_pages)
+    cpu = time.process_time()
     await load.run()
+    cpu = time.process_time() - cpu
     assert load.window is not None  # noqa: S101 (run() returns once control() decided it)
     write_records(args.out / f"{args.name}.requests.csv", load)
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
                 if k != "key"}  # fmt: skip
     report = {"tool": "bench.gpu.load", "name": args.name, "settings": settings,
               "window_rule": "capped by --max-seconds" if load.capped else "met",
-              "requests": len(load.records)} | figures(args, load.records, list(load.window),
-                                                       load.capped)  # fmt: skip
+              "requests": len(load.records),  # the client's own CPU over the whole load
+              "client_cpu_s": round(cpu, 2), "client_wall_s": round(load.now(), 2),
+              } | figures(args, load.records, list(load.window), load.capped)  # fmt: skip
     (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
 

@@ -5,8 +5,9 @@
 RES holds what `bench.gpu.run` wrote: NN-VARIANT.json per window (bench.gpu.load's),
 alone-NN-SETTING.json (the layout service alone at each of the plan's `alone.services`; the
 first's median window is the summary's `layout_service_alone_pages_per_s`), floor-whole.json
-and floor-blocks.json (bench.gpu.floor's). The `default` variant (layout off) is held to the
-`whole` floor, `layout` (layout on) to `blocks`.
+and floor-blocks.json (bench.gpu.floor's), vit-attention.json (bench.gpu.encoder_check's: the
+summary's `vit_attention`, the fastest within bounds per kind and batch). The `default`
+variant (layout off) is held to the `whole` floor, `layout` (layout on) to `blocks`.
 """
 
 from __future__ import annotations
@@ -44,11 +45,33 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
     alone = {name: method.median(windows) | {"flags": settings[name]}
              for name, windows in alone.items() if windows}  # fmt: skip
     alone_figure = next(iter(alone.values()), {}).get("pages_per_s_by_count")
-    gpu = next((f["machine"].get("gpu") or f["machine"]["device"] for f in floors.values()), "?")
+    vit = json.loads((res / "vit-attention.json").read_text()) if (
+        res / "vit-attention.json").exists() else None  # fmt: skip
+    machines = [f["machine"] for f in floors.values()] + ([vit["machine"]] if vit else [])
+    gpu = next((m.get("gpu") or m["device"] for m in machines), "?")
     whole = floors.get("off", {"ms_per_page": nan, "definition": "not measured"})
     summary = method.summary(gpu, whole, variants, alone_figure, f"{plan['stem']}-raw.tar.gz")
     summary["layout_service_alone_by_setting"] = alone
+    if vit:
+        summary["vit_attention"] = attention(vit)
     return {"summary": summary, "figures": figures, "alone": alone}
+
+
+def attention(vit: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per kind and batch of encoder_check's report: each line's ms (the stock, the plugin's
+    modes, vLLM's other backends), which are within bounds, and the fastest of those."""
+    rows = []
+    for batch in vit["batches"]:
+        lines = {f"stock {vit.get('stock_attention', '')}".strip(): batch["stock_ms"]}
+        lines |= {f"plugin {name}": m["ms"] for name, m in batch["modes"].items()}
+        lines |= {f"vllm {name}": m["ms"] for name, m in batch.get("backends", {}).items()}
+        bad = {f"plugin {n}" for n, m in batch["modes"].items() if not m["within"]}
+        bad |= {f"vllm {n}" for n, m in batch.get("backends", {}).items() if not m["within"]}
+        good = {name: ms for name, ms in lines.items() if name not in bad}
+        rows.append({"kind": batch.get("kind", "mixed"), "images": batch["images"],
+                     "patches": batch["patches"], "ms": lines, "out_of_bounds": sorted(bad),
+                     "fastest": min(good, key=good.__getitem__)})  # fmt: skip
+    return rows
 
 
 def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
@@ -83,6 +106,19 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
                      f"{alone['pages_per_s_by_count']:.2f} pages/s (median window by count; "
                      f"spread {low:.2f}-{high:.2f}).  ")  # fmt: skip
     lines += [] if parts["alone"] else ["Layout service alone: not measured."]
+    rows = summary.get("vit_attention") or []
+    if rows:
+        names = list(rows[0]["ms"])
+        lines += ["", "## The vision tower's attention (ms per batch, bench.gpu.encoder_check)", "",
+                  "| kind | images | patches | " + " | ".join(names) + " | fastest |",
+                  "|---|--:|--:|" + "--:|" * len(names) + "---|"]  # fmt: skip
+        for row in rows:
+            cells = [f"{row['ms'][n]:.2f}" + (" !" if n in row["out_of_bounds"] else "")
+                     for n in names]  # fmt: skip
+            lines.append(f"| {row['kind']} | {row['images']} | {row['patches']} | "
+                         + " | ".join(cells) + f" | {row['fastest']} |")  # fmt: skip
+        lines += ["", "! out of bounds: its embeddings differ from the stock's by more than "
+                  "bfloat16's own rounding."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

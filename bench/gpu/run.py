@@ -14,9 +14,13 @@ host, the corpus, the window rules, the variants and the device calls, each a li
                   boxes, each page forwarded to the real service first) and a second gateway in
                   front of the same engines whose layout service is that stand-in
     window I      the I-th window of the variants' A B B A ... order (bench.gpu.load)
+    vit           the vision tower's attention (issue 50 item 3): bench.gpu.encoder_check with
+                  the plan's `vit` options, the plugin's modes and vLLM's backends timed and checked
+                  on the idle GPU, into RES/vit-attention.json
     alone I       the I-th window of the layout service alone (/v1/layout), its settings'
                   A B B A ... order: each of `alone.services` (a name: its flags) started on
-                  its own port at the first (kept for the next calls, as `up`'s stack is)
+                  its own port at the first (kept for the next calls, as `up`'s stack is); its
+                  /metrics before and after the window and `top -H` of its threads beside it
     report        RES's windows, floors and the layout service's into OUT/STEM.json (issue 50's
                   summary, bench.gpu.method.summary) and OUT/STEM.md
     down          everything `up` and `alone` started, by process group
@@ -152,6 +156,14 @@ def floor(p: Pass) -> None:
                variant, "--out", str(p.res), *host.get("floor_args", [])])  # fmt: skip
 
 
+def vit(p: Pass) -> None:
+    """The ViT attention modes and backends (bench.gpu.encoder_check), GPU idle; a batch out of
+    bounds is in the JSON and the log, and the stages go on."""
+    options = p.plan.get("vit", [])
+    p.run([p.host["engine_python"], "-m", "bench.gpu.encoder_check", *options,
+           "--out", str(p.res / "vit-attention.json")])  # fmt: skip
+
+
 def up(p: Pass) -> None:
     """make serve as the plan gives it (scripts/serve.sh, its logs in WORK/serve-logs)."""
     (WORK / "serve-logs").mkdir(parents=True, exist_ok=True)
@@ -226,8 +238,24 @@ def alone(p: Pass, index: int) -> None:
     for name, port in ports.items():
         p.wait_ready(f"layout-{name}", f"http://127.0.0.1:{port}/ready", p.host.get("ready_s", 600))
     name = method.order(list(ports), given["windows"])[index]
-    load(p, f"alone-{index:02d}-{name}", f"http://127.0.0.1:{ports[name]}", given["concurrency"],
-         "--api", "layout", "--seed", str(index))  # fmt: skip
+    stem, url = f"alone-{index:02d}-{name}", f"http://127.0.0.1:{ports[name]}"
+    pid = (WORK / f"layout-{name}.pid").read_text().strip()
+    (p.res / f"{stem}.metrics-before.txt").write_bytes(fetch(url + "/metrics"))
+    with (p.res / f"{stem}.top.txt").open("wb") as out:  # the service's threads, every 5 s
+        top = subprocess.Popen(["top", "-b", "-H", "-d", "5", "-w", "200", "-p", pid],
+                               stdout=out, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            load(p, stem, url, given["concurrency"], "--api", "layout", "--seed", str(index))
+        finally:
+            top.terminate()
+            top.wait()
+    (p.res / f"{stem}.metrics-after.txt").write_bytes(fetch(url + "/metrics"))
+
+
+def fetch(url: str) -> bytes:
+    """GET `url` on loopback (the layout service's /metrics: its batches, forward seconds)."""
+    with urllib.request.urlopen(url, timeout=30) as reply:  # noqa: S310 (loopback)
+        return bytes(reply.read())
 
 
 def down(p: Pass) -> None:
@@ -261,8 +289,8 @@ def report(p: Pass) -> None:
     writer.write(p.plan, p.res, p.out)
 
 
-STAGES = {"install": install, "prepare": prepare, "floor": floor, "up": up, "ready": ready,
-          "report": report, "down": down}  # fmt: skip
+STAGES = {"install": install, "prepare": prepare, "floor": floor, "vit": vit, "up": up,
+          "ready": ready, "report": report, "down": down}  # fmt: skip
 
 
 def stages(p: Pass, words: list[str]) -> int:

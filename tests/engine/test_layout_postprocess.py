@@ -273,3 +273,20 @@ def assert_cases_did_work(ours: dict[str, list[list[dict[str, Any]]]]) -> None:
     assert None in orders, "no unnumbered label (PaddleX's SKIP_ORDER_LABELS)"
     assert 1 in orders, "no reading order numbers"
     assert any(len(box["polygon_points"]) != 4 for page in ours["poly"] for box in page)
+
+
+def test_each_page_of_a_batch_keeps_its_own_threshold(raw: Any) -> None:
+    """A batch whose pages ask for different thresholds (two requests in one forward pass) gives
+    each page the candidates it gets alone with its threshold: the one gather of the kept masks
+    cuts at each page's own threshold."""
+    from dataclasses import fields  # noqa: PLC0415
+
+    from ocrvl_layout.detections import candidates  # noqa: PLC0415
+
+    thresholds = [0.2, 0.6, 0.0, 0.4, 0.3]
+    together = candidates(raw, list(PAGE_SIZES), thresholds, (800, 800))
+    assert len({len(page.scores) for page in together}) > 1  # the thresholds keep different counts
+    for page, (threshold, mine) in enumerate(zip(thresholds, together, strict=True)):
+        alone = candidates(raw, list(PAGE_SIZES), [threshold] * len(PAGE_SIZES), (800, 800))
+        for f in fields(mine):
+            np.testing.assert_array_equal(getattr(mine, f.name), getattr(alone[page], f.name))

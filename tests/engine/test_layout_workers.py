@@ -158,6 +158,28 @@ def test_a_killed_worker_is_replaced_and_the_next_request_succeeds(tmp_path: Pat
         service.stop()
 
 
+def ignored_signals(pid: int) -> set[int]:
+    """The signals `pid` ignores (its SigIgn mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(x for x in status.splitlines() if x.startswith("SigIgn:")).split()[1], 16)
+    return {number for number in range(1, 65) if mask >> (number - 1) & 1}
+
+
+def test_workers_leave_sigint_and_sigterm_to_the_service(tmp_path: Path) -> None:
+    """A signal to the whole process group (Ctrl-C, `kill -TERM -- -PGID`, as make serve and
+    the GPU bench stop it) ends the service, which shuts its pool down: a worker killed by it
+    first would break the pool under requests still in flight and be replaced for nothing
+    (seen on the H200: "a worker process died" at every stop). Each worker ignores both."""
+    service = start_layout_service(tmp_path / "layout.log", "--worker-processes", "2")
+    try:
+        workers = workers_of(service)
+        assert len(workers) == 2
+        for pid in workers:
+            assert {signal.SIGINT, signal.SIGTERM} <= ignored_signals(pid), pid
+    finally:
+        service.stop()
+
+
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_no_process_outlives_the_service(tmp_path: Path, how: signal.Signals) -> None:
     """The service stopped (SIGTERM: it shuts its pool down) or killed (SIGKILL: the fork server

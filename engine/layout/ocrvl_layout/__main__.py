@@ -36,6 +36,12 @@ def parse_args(argv: list[str] | None) -> dict[str, Any]:
     add("--max-batch", type=int, help="pages per forward pass, at most (default 8)")
     add("--max-wait-ms", type=float, help="how long a batch waits for more pages (default 10)")
     add("--compile", action="store_true", default=None, help="torch.compile the model")
+    add(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="replay the forward pass from CUDA graphs (default on, on a GPU without --compile)",
+    )
     add("--max-queue", type=int, help="pages waiting for a batch before 503 (default 256)")
     add("--max-images", type=int, help="images in one request (default 32)")
     add("--max-pixels", type=int, help="pixels of one image (default 50000000)")

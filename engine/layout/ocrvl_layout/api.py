@@ -1,5 +1,5 @@
 """The HTTP API (docs/layout.md): POST /v1/layout, /health, /ready, /metrics; the lifespan that
-owns the model, the batcher, the worker threads and the worker processes."""
+owns the model (and its CUDA graphs), the batcher, the worker threads and the worker processes."""
 
 from __future__ import annotations
 
@@ -75,6 +75,10 @@ class Service:
         )
         sizes = warm_up_sizes(settings.max_batch, compiled=settings.compile)
         seconds = await loop.run_in_executor(None, model.warm_up, sizes)
+        if settings.cuda_graphs:
+            await loop.run_in_executor(None, model.capture, settings.max_batch)
+        else:
+            model.graphs = "off (--no-cuda-graphs)"
         await loop.run_in_executor(None, preprocessor.warm_up)
         processes = settings.worker_processes
         if processes is None:

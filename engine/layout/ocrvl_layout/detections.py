@@ -7,9 +7,10 @@ engine for PP-DocLayoutV3 calls before its layout post-processing
 It is a port, not a call, because that image processor class needs torchvision, which the engine
 venv leaves out. The steps and their order are transformers' own, so ties break the same way;
 tests/engine/test_layout_postprocess.py runs transformers' code beside this one on the same
-outputs. Two changes, both for the service: each page may have its own threshold (a request's),
-and only the masks of the boxes kept are read back from the device. The candidates and their
-outlines (torch-free, for the worker processes) are boxes.py's.
+outputs. Three changes, all for the service: each page may have its own threshold (a request's),
+only the masks of the boxes kept are read back from the device, and a batch's pages are chosen
+on the host from one copy of its scores (one gather of the kept masks, not a few copies a
+page). The candidates and their outlines (torch-free, for the worker processes) are boxes.py's.
 """
 
 from __future__ import annotations
@@ -66,23 +67,39 @@ def candidates(
     index = index // num_classes
     boxes = boxes.gather(dim=1, index=index.unsqueeze(-1).repeat(1, 1, boxes.shape[-1]))
     order_seqs = order_seqs.gather(dim=1, index=index)
-    found = []
-    for page, ((width, height), threshold) in enumerate(zip(sizes, thresholds, strict=True)):
+    # The batch's small tensors to the host at once, each page's choice made there, and only
+    # the kept masks read back, in one gather: a few device round trips a batch, not a few a
+    # page (each one a GIL hand-off in the service's forward thread).
+    scores, labels, boxes, order_seqs, index = (
+        t.cpu() for t in (scores, labels, boxes, order_seqs, index)
+    )
+    kept, rows, limits = [], [], []
+    for page, threshold in enumerate(thresholds):
         keep = scores[page] >= threshold
-        masks = raw.out_masks[page, index[page][keep]].float().sigmoid() > threshold
-        order, indices = torch.sort(order_seqs[page][keep].cpu())
+        order, indices = torch.sort(order_seqs[page][keep])
+        kept.append((keep, order, indices))
+        rows.append(page * num_queries + index[page][keep][indices])
+        limits.append(torch.full((len(indices),), threshold))
+    flat = raw.out_masks.flatten(0, 1)
+    device = flat.device
+    picked = flat[torch.cat(rows).to(device)].float().sigmoid()
+    masks = (picked > torch.cat(limits).to(device)[:, None, None]).to(torch.uint8).cpu().numpy()
+    found, start = [], 0
+    for page, ((width, height), (keep, order, indices)) in enumerate(zip(sizes, kept, strict=True)):
+        end = start + len(indices)
         found.append(
             Candidates(
-                scores=scores[page][keep].cpu()[indices].numpy(),
-                labels=labels[page][keep].cpu()[indices].numpy(),
-                boxes=boxes[page][keep].cpu()[indices].numpy(),
+                scores=scores[page][keep][indices].numpy(),
+                labels=labels[page][keep][indices].numpy(),
+                boxes=boxes[page][keep][indices].numpy(),
                 order=order.numpy(),
-                masks=masks.to(torch.uint8).cpu()[indices].numpy(),
+                masks=masks[start:end],
                 width=width,
                 height=height,
                 input_size=input_size,
             )
         )
+        start = end
     return found
 
 

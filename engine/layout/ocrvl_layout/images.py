@@ -55,13 +55,23 @@ class Preprocessing:
         """An (H, W, 3) uint8 RGB page at the model's input size, as PaddleX's Resize does it."""
         return resize(image, self.width, self.height)
 
-    def normalise(self, pixels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def scaling(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """PaddleX's Normalize as x * alpha + beta per channel, on `device` (made once: a CUDA
+        graph's pass may not copy from the host)."""
+        alpha = torch.tensor([self.rescale / s for s in self.std], device=device)
+        shift = [-m / s for m, s in zip(self.mean, self.std, strict=True)]
+        beta = torch.tensor(shift, device=device)
+        return alpha, beta
+
+    def normalise(
+        self,
+        pixels: torch.Tensor,
+        dtype: torch.dtype,
+        scaling: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """A (B, H, W, 3) uint8 batch as the model's (B, 3, H, W) input: PaddleX's Normalize
         (x * scale / std - mean / std, in float32), then the model's dtype."""
-        alpha = torch.tensor([self.rescale / s for s in self.std], device=pixels.device)
-        beta = torch.tensor(
-            [-m / s for m, s in zip(self.mean, self.std, strict=True)], device=pixels.device
-        )
+        alpha, beta = scaling or self.scaling(pixels.device)
         scaled = pixels.to(torch.float32) * alpha + beta
         return scaled.permute(0, 3, 1, 2).contiguous().to(dtype)
 

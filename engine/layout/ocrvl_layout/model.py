@@ -14,6 +14,7 @@ import yaml
 from transformers import PPDocLayoutV3ForObjectDetection
 
 from ocrvl_layout.detections import Candidates, RawOutputs, candidates
+from ocrvl_layout.graphs import GraphedForward, cuda_capture, sizes_for
 from ocrvl_layout.images import Preprocessing
 
 log = logging.getLogger("ocrvl_layout")
@@ -151,15 +152,48 @@ class LayoutModel:
         id2label = {int(k): str(v) for k, v in (model.config.id2label or {}).items()}
         self.labels = labels_of(folder, [id2label[i] for i in sorted(id2label)])
         self.preprocessing = Preprocessing.of_checkpoint(folder)
+        self.scaling = self.preprocessing.scaling(self.device)
         self.parameters = sum(p.numel() for p in self.model.parameters())
+        self.compiled = compile
+        self.graphed: GraphedForward | None = None
+        self.graphs = "off"  # what describe() says of CUDA graphs
 
     def describe(self) -> str:
         """One line for the log: what runs where."""
         return (
             f"PP-DocLayoutV3 ({self.parameters / 1e6:.1f} M parameters, {len(self.labels)} labels)"
             f" on {self.device.type}, {str(self.dtype).removeprefix('torch.')}, input "
-            f"{self.preprocessing.width}x{self.preprocessing.height}"
+            f"{self.preprocessing.width}x{self.preprocessing.height}, CUDA graphs {self.graphs}"
         )
+
+    def capture(self, max_batch: int) -> str:
+        """CUDA graphs of the forward pass at every size a batch of up to `max_batch` runs in
+        (graphs.py), after the warm-up; eager where they cannot be (not a GPU, --compile) or
+        where a capture fails or differs from the eager pass (logged). What describe() says."""
+        if self.device.type != "cuda":
+            self.graphs = "off (not on a GPU)"
+        elif self.compiled:
+            self.graphs = "off (--compile)"
+        else:
+            prep = self.preprocessing
+            sample = torch.randint(
+                0, 256, (1, prep.height, prep.width, 3), dtype=torch.uint8, device=self.device,
+                generator=torch.Generator(self.device).manual_seed(0),
+            )  # fmt: skip
+            sizes = sizes_for(max_batch)
+            torch.cuda.empty_cache()
+            try:
+                with torch.inference_mode():
+                    self.graphed = GraphedForward(self.run, sample, sizes,
+                                                  cuda_capture(self.device))  # fmt: skip
+                self.graphs = f"at batches {','.join(map(str, sizes))}"
+            except (RuntimeError, ValueError) as error:  # OutOfMemoryError is a RuntimeError
+                self.graphed = None
+                self.graphs = f"off (the capture failed: {str(error)[:200]})"
+                log.warning("CUDA graphs of the layout model: %s; it runs eager", error)
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+        return self.graphs
 
     def warm_up(self, batch_sizes: tuple[int, ...] = (1,)) -> float:
         """Run blank pages through every batch size given; the seconds it took."""
@@ -185,9 +219,19 @@ class LayoutModel:
 
     @torch.inference_mode()
     def outputs(self, pixels: np.ndarray) -> RawOutputs:
-        """The model's raw outputs for a (B, H, W, 3) uint8 batch at its input size."""
+        """The model's raw outputs for a (B, H, W, 3) uint8 batch at its input size (from a
+        CUDA graph once `capture` made them)."""
         batch = torch.from_numpy(pixels).to(self.device)
-        outputs = self.forward(pixel_values=self.preprocessing.normalise(batch, self.dtype))
+        if self.graphed is not None:
+            found: RawOutputs = self.graphed(batch)
+            return found
+        return self.run(batch)
+
+    def run(self, batch: torch.Tensor) -> RawOutputs:
+        """The forward pass of a (B, H, W, 3) uint8 batch on the model's device."""
+        outputs = self.forward(
+            pixel_values=self.preprocessing.normalise(batch, self.dtype, self.scaling)
+        )
         return RawOutputs(
             logits=outputs.logits.float(),
             pred_boxes=outputs.pred_boxes.float(),

@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     compile: bool = Field(
         False, description="torch.compile the model (the warm-up compiles every batch size)"
     )
+    cuda_graphs: bool = Field(
+        True,
+        description="replay the forward pass from CUDA graphs, one per batch size (on a GPU, "
+        "without --compile; a capture that fails or differs from the eager pass leaves it eager)",
+    )
     max_queue: int = Field(256, ge=1, description="pages waiting for a batch; more: 503")
     max_images: int = Field(32, ge=1, description="images in one request")
     max_pixels: int = Field(

@@ -52,11 +52,13 @@ _barrier: Any = None  # in a worker: its pool's barrier for `_started` (a worker
 
 
 def initialise(service: int, barrier: Any) -> None:
-    """In each worker, first: SIGINT (a terminal's Ctrl-C reaches the whole group) is left to
-    the service, and a thread ends the worker when the process `service` ends."""
+    """In each worker, first: SIGINT and SIGTERM (a terminal's Ctrl-C, or a stop sent to the
+    whole process group) are left to the service, which ends its workers as it stops, and a
+    thread ends the worker when the process `service` ends."""
     global _barrier  # noqa: PLW0603 (set once per worker process, before its first call)
     _barrier = barrier
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         watched = os.pidfd_open(service)
     except ProcessLookupError:  # the service ended before the worker started

@@ -3,6 +3,9 @@
 - `vllm` (the default): vLLM's own `MMEncoderAttention` over the packed sequence, with the
   backend vLLM picked (flash-attn varlen on an H200; TORCH_SDPA on the CPU; vLLM's own
   `--mm-encoder-attn-backend` chooses another, e.g. FLASHINFER, where its wheels are installed).
+  Inside vLLM on an H200 it was the fastest of the four on pages and on blocks (pass 14,
+  engine/vllm_plugin/README.md): the plain-torch gains below were against torch's FlashAttention
+  2, vLLM runs FlashAttention 3 there.
 - `sdpa`: torch's SDPA once per image, torch choosing the kernel.
 - `cudnn`: the same with SDPA's cuDNN kernel first (flash, memory-efficient, math behind it, for
   shapes cuDNN refuses); on an H200 at head dim 72 cuDNN ran a page's attention 1.75x faster

@@ -19,7 +19,7 @@ def plan(name: str) -> dict[str, Any]:
     return dict(json.loads((PLANS / name).read_text()))
 
 
-@pytest.mark.parametrize("name", ["h200-method2.json", "cpu-rehearsal.json"])
+@pytest.mark.parametrize("name", ["h200-method2.json", "h200-vit-alone.json", "cpu-rehearsal.json"])
 def test_every_call_names_stages_the_harness_has(name: str) -> None:
     """Each call's words are stages (with a part number or a window index after `receive`,
     `window` and `alone`); every window of each A B B A order is run once."""
@@ -39,17 +39,39 @@ def test_every_call_names_stages_the_harness_has(name: str) -> None:
 
 
 def test_the_layout_service_alone_compares_its_processes_with_its_threads() -> None:
-    """Both plans load the layout service alone with worker processes (on the H200 as it
-    ships: no --worker-processes) and with threads (`--worker-processes 0`), at least two
-    windows each (A B B A), the processes first."""
-    for name in ("h200-method2.json", "cpu-rehearsal.json"):
+    """The fourteenth pass's plan and the CPU rehearsal load the layout service alone with
+    worker processes (no --worker-processes: the default) and with threads
+    (`--worker-processes 0`), at least two windows each (A B B A), the processes first."""
+    for name in ("h200-vit-alone.json", "cpu-rehearsal.json"):
         alone = plan(name)["alone"]
         flags = {n: " ".join(f) for n, f in alone["services"].items()}
         assert list(flags) == ["processes", "threads"]
         assert "--worker-processes 0" in flags["threads"]
         assert "--worker-processes 0" not in flags["processes"]
         assert alone["windows"] >= 2
-    assert "--worker-processes" not in plan("h200-method2.json")["alone"]["services"]["processes"]
+    assert "--worker-processes" not in plan("h200-vit-alone.json")["alone"]["services"]["processes"]
+
+
+def test_the_h200_plan_compares_the_layout_service_as_shipped_with_eager() -> None:
+    """The method-2 pass loads the layout service alone as it ships (`default`: no flag but the
+    profile's batch) and with `--no-cuda-graphs` (`eager`), >= 3 windows each, the default
+    first: its figure is the summary's `layout_service_alone_pages_per_s`."""
+    alone = plan("h200-method2.json")["alone"]
+    assert alone["services"] == {"default": ["--max-batch", "8"],
+                                 "eager": ["--max-batch", "8", "--no-cuda-graphs"]}  # fmt: skip
+    assert alone["windows"] >= 2
+
+
+def test_the_vit_stage_times_every_attention_mode_and_backend() -> None:
+    """The fourteenth pass's `vit` stage: the plugin's four modes and vLLM's other backends,
+    on pages and on blocks, after `prepare` built the checkpoint."""
+    given = plan("h200-vit-alone.json")
+    options = " ".join(given["vit"])
+    assert "--attention vllm,sdpa,cudnn,grouped" in options
+    assert "--kinds pages,blocks" in options
+    assert "--backends TRITON_ATTN,TORCH_SDPA" in options
+    words = " ".join(" ".join(call) for call in given["calls"]).split()
+    assert words.index("prepare") < words.index("vit")
 
 
 def test_the_h200_plan_keeps_method_2s_rules() -> None:
@@ -63,7 +85,7 @@ def test_the_h200_plan_keeps_method_2s_rules() -> None:
     assert given["window"]["latencies"] >= 10
     assert given["window"]["bin_s"] == 10
     parts = [int(call[0].split()[1]) for call in given["calls"] if call[0].startswith("receive")]
-    assert sorted(parts) == list(range(1, 40))
+    assert sorted(parts) == list(range(1, 38))
     assert given["limit_s"] < 600
     assert given["host"]["profile"] == "h200-141gb"
 
@@ -86,8 +108,8 @@ def test_the_report_writes_the_summary_and_the_median_against_each_floor(
     res.mkdir()
     for index, turn in enumerate(method.order(["default", "layout"], 3)):
         window_file(res, f"{index:02d}-{turn}", 8 if turn == "default" else 4)
-    for index, setting in enumerate(method.order(["processes", "threads"], 2)):
-        window_file(res, f"alone-{index:02d}-{setting}", 16 if setting == "processes" else 8)
+    for index, setting in enumerate(method.order(["default", "eager"], 2)):
+        window_file(res, f"alone-{index:02d}-{setting}", 16 if setting == "default" else 8)
     for variant, ms in (("whole", 25.0), ("blocks", 40.0)):
         floor = {"ms_per_page": ms, "definition": "d", "machine": {"gpu": "NVIDIA H200"}}
         (res / f"floor-{variant}.json").write_text(json.dumps(floor))
@@ -99,9 +121,41 @@ def test_the_report_writes_the_summary_and_the_median_against_each_floor(
     assert found == [("default", 25.0, 3), ("layout", 40.0, 3)]
     assert summary["layout_service_alone_pages_per_s"] == pytest.approx(8.0, rel=0.05)
     by_setting = summary["layout_service_alone_by_setting"]
-    assert by_setting["threads"]["pages_per_s_by_count"] == pytest.approx(4.0, rel=0.05)
-    assert by_setting["threads"]["flags"][-2:] == ["--worker-processes", "0"]
+    assert by_setting["eager"]["pages_per_s_by_count"] == pytest.approx(4.0, rel=0.05)
+    assert by_setting["eager"]["flags"][-1:] == ["--no-cuda-graphs"]
     text = (out / "gpu-h200-method2.md").read_text()
     assert "**4.00 pages/s** (median window by count" in text
     assert "**10.0 %** of its floor" in text  # 4 pages/s x 25 ms
-    assert "Layout service alone, threads (--max-batch 8 --worker-processes 0): 4.00" in text
+    assert "Layout service alone, eager (--max-batch 8 --no-cuda-graphs): 4.00" in text
+
+
+def test_the_report_tables_the_vit_attention_and_names_the_fastest_within_bounds(
+    tmp_path: Path,
+) -> None:
+    """encoder_check's JSON in RES (and no floor): the summary's `vit_attention` has each
+    batch's ms per line and the fastest line within bounds (a faster one out of bounds is not
+    it), the GPU named from the check's machine; STEM.md tables them."""
+    given = plan("h200-vit-alone.json")
+    res, out = tmp_path / "res", tmp_path / "out"
+    res.mkdir()
+    mode = {"within": True, "max_rel": 0.0}
+    batches = [
+        {"kind": "pages", "images": 8, "patches": 40320, "stock_ms": 200.0,
+         "modes": {"vllm": mode | {"ms": 150.0}, "cudnn": mode | {"ms": 170.0}},
+         "backends": {"TORCH_SDPA": mode | {"ms": 280.0}}},
+        {"kind": "blocks", "images": 8, "patches": 10144, "stock_ms": 300.0,
+         "modes": {"vllm": mode | {"ms": 36.0}, "cudnn": {"within": False, "ms": 20.0}},
+         "backends": {"TORCH_SDPA": mode | {"ms": 230.0}}},
+    ]  # fmt: skip
+    vit = {"machine": {"gpu": "NVIDIA H200"}, "stock_attention": "FLASH_ATTN", "batches": batches}
+    (res / "vit-attention.json").write_text(json.dumps(vit))
+    summary = report.write(given, res, out)
+    assert summary["gpu"] == "NVIDIA H200"
+    rows = summary["vit_attention"]
+    assert [(r["kind"], r["fastest"]) for r in rows] == [("pages", "plugin vllm"),
+                                                        ("blocks", "plugin vllm")]  # fmt: skip
+    assert rows[1]["out_of_bounds"] == ["plugin cudnn"]
+    assert rows[0]["ms"] == {"stock FLASH_ATTN": 200.0, "plugin vllm": 150.0,
+                             "plugin cudnn": 170.0, "vllm TORCH_SDPA": 280.0}  # fmt: skip
+    text = (out / f"{given['stem']}.md").read_text()
+    assert "| blocks | 8 | 10144 | 300.00 | 36.00 | 20.00 ! | 230.00 | plugin vllm |" in text

@@ -1,0 +1,138 @@
+"""CUDA graphs of the layout model's forward pass (`--cuda-graphs`, docs/layout.md).
+
+Eager, PP-DocLayoutV3's forward is ~1,700 kernel launches, each through Python, each giving
+the GIL up and taking it back: on an H200 a batch of 8 took 108.8 ms of wall time for 26.6 ms of
+kernels (docs/h200.md, pass 12), and in the service, where the event loop wants the same GIL for
+HTTP, ~140 ms (pass 13): the layout service was bound by its forward thread, not by its GPU. A
+CUDA graph replays the whole pass in one call.
+
+One graph per captured batch size (powers of two up to `--max-batch`, and `--max-batch`), all
+in one memory pool, captured largest first after the eager warm-up; a batch of n pages runs in
+the smallest captured size >= n, its rows past n left as they were and its outputs cut to n.
+Every captured size is checked against the eager pass on a seeded random page before the
+service says ready (the eager outputs taken first and kept on the host, so a capture's memory
+never adds to an eager pass's); a size that differs, or a capture that fails, leaves the
+model eager (logged). Graphs need CUDA: on the CPU, or with `--compile` (torch.compile's own),
+the forward stays as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+import torch
+
+log = logging.getLogger("ocrvl_layout")
+
+# the largest difference allowed between a graph's outputs and the eager pass's on the same
+# pages: the same kernels run in both, so any real difference is far larger than bf16's rounding
+TOLERANCE = 1e-2
+
+
+def sizes_for(max_batch: int) -> tuple[int, ...]:
+    """The batch sizes captured for `max_batch`: powers of two below it, and itself."""
+    sizes, size = [], 1
+    while size < max_batch:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, max_batch)
+
+
+def size_for(pages: int, sizes: tuple[int, ...]) -> int:
+    """The smallest captured size that holds `pages`; ValueError past the largest."""
+    for size in sizes:
+        if size >= pages:
+            return size
+    raise ValueError(f"a batch of {pages} pages is past the largest captured size {sizes[-1]}")
+
+
+class Graph(Protocol):
+    """What torch.cuda.CUDAGraph gives here: record a pass once, replay it."""
+
+    def replay(self) -> None: ...
+
+
+Capture = Callable[[Callable[[], Any]], tuple[Graph, Any]]
+
+
+def cuda_capture(device: torch.device) -> Capture:
+    """torch's own capture on `device`, every graph in one pool (replayed one at a time)."""
+    pool = torch.cuda.graph_pool_handle()
+
+    def capture(run: Callable[[], Any]) -> tuple[Graph, Any]:
+        side = torch.cuda.Stream(device)  # a pass on a side stream first, as torch's docs do
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            run()
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()  # that pass's memory back before the graph's pool grows
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = run()
+        return graph, out
+
+    return capture
+
+
+@dataclass
+class _Captured:
+    pixels: torch.Tensor  # (size, H, W, 3) uint8, the graph's input, on the device
+    graph: Graph
+    outputs: Any  # the graph's outputs (a dataclass of tensors, overwritten by each replay)
+
+
+class GraphedForward:
+    """`forward(pixels)` (a (B, H, W, 3) uint8 batch on the device -> a dataclass of tensors
+    with the batch first) replayed from a graph per captured size."""
+
+    def __init__(
+        self,
+        forward: Callable[[torch.Tensor], Any],
+        sample: torch.Tensor,
+        sizes: tuple[int, ...],
+        capture: Capture,
+    ) -> None:
+        """Capture `forward` at each size, largest first, on copies of `sample` (one page,
+        (1, H, W, 3) uint8 on the device), and check each against the eager pass; ValueError
+        naming the size whose outputs differ. The eager passes run first, their outputs kept on
+        the host, so the memory the captures take never adds to an eager pass's."""
+        self.sizes = tuple(sorted(sizes))
+        self.captured: dict[int, _Captured] = {}
+        order = sorted(sizes, reverse=True)
+        inputs = {size: sample.expand(size, *sample.shape[1:]).clone() for size in order}
+        expected = {size: on_host(forward(inputs[size])) for size in order}
+        for size in order:
+            graph, outputs = capture(lambda p=inputs[size]: forward(p))
+            self.captured[size] = _Captured(inputs[size], graph, outputs)
+            graph.replay()
+            worst = difference(on_host(outputs), expected.pop(size))
+            if worst > TOLERANCE:
+                raise ValueError(f"batch {size}: the graph's outputs differ from the eager "
+                                 f"pass's by {worst:.3g} (at most {TOLERANCE})")  # fmt: skip
+
+    def __call__(self, pixels: torch.Tensor) -> Any:
+        """The outputs for `pixels` (n pages on the device): views into the graph's outputs,
+        valid until the next call."""
+        pages = pixels.shape[0]
+        captured = self.captured[size_for(pages, self.sizes)]
+        captured.pixels[:pages].copy_(pixels)
+        captured.graph.replay()
+        out = captured.outputs
+        return type(out)(**{f.name: getattr(out, f.name)[:pages] for f in fields(out)})
+
+
+def on_host(outputs: Any) -> Any:
+    """A dataclass of tensors copied to the host."""
+    return type(outputs)(**{f.name: getattr(outputs, f.name).cpu() for f in fields(outputs)})
+
+
+def difference(ours: Any, theirs: Any) -> float:
+    """The largest absolute difference between two dataclasses of tensors, field by field."""
+    return max(
+        float((getattr(ours, f.name).float() - getattr(theirs, f.name).float()).abs().max())
+        for f in fields(ours)
+    )
