@@ -1,6 +1,8 @@
 """The layout model's CUDA graphs (engine/layout/ocrvl_layout/graphs.py) as far as a CPU shows
 them: the captured sizes, a batch run in the smallest size that holds it with its outputs cut
-to its pages, a graph that differs from the eager pass refused, and a model on the CPU left eager.
+to its pages, a graph that differs from the eager pass refused, a model on the CPU left eager,
+and a forward pass of the full-size config that copies nothing from the host (which a CUDA graph
+cannot hold; run on PyTorch's meta device, shapes without data).
 
 CUDA graphs cannot run here, so the capture is a fake (`ReplayingCapture`): its "graph" runs the
 recorded pass again and writes the answers into the outputs it returned at capture, as a CUDA
@@ -20,8 +22,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ocrvl_layout.detections import RawOutputs  # noqa: E402
-from ocrvl_layout.graphs import GraphedForward, size_for, sizes_for  # noqa: E402
+from ocrvl_layout.graphs import (  # noqa: E402
+    GraphedForward,
+    box_of_masks,
+    capturable,
+    size_for,
+    sizes_for,
+)
 from ocrvl_layout.model import BatchPage, LayoutModel  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from tests.support.layout_service import tiny_layout_dir  # noqa: E402
 
@@ -80,16 +89,16 @@ def test_sizes_are_powers_of_two_and_the_max_batch() -> None:
 def test_every_batch_equals_the_eager_pass_and_runs_in_the_smallest_size(
     model: LayoutModel,
 ) -> None:
-    """Batches of 1 to 5 pages (sizes 1, 2, 4, 5 captured): each one's outputs equal the eager
-    pass's on the same pages (to 1e-3: float32 GEMMs of another batch size), cut to its pages,
-    from the graph of the smallest size that holds it; the outputs are the graph's own tensors
-    (overwritten by its next replay)."""
+    """Batches of 1 to 4 pages (sizes 1, 2, 4 captured: 3 pages run padded to 4): each one's
+    outputs equal the eager pass's on the same pages (to 1e-3: float32 GEMMs of another batch
+    size), cut to its pages, from the graph of the smallest size that holds it; the outputs are
+    the graph's own tensors (overwritten by its next replay)."""
     capture = ReplayingCapture()
     with torch.inference_mode():
-        graphed = GraphedForward(model.run, batch(model, 1, 0), sizes_for(5), capture)
+        graphed = GraphedForward(model.run, batch(model, 1, 0), sizes_for(4), capture)
         by_size = {g.outputs.logits.shape[0]: g for g in capture.graphs}
-        assert sorted(by_size) == [1, 2, 4, 5]
-        for pages in range(1, 6):
+        assert sorted(by_size) == [1, 2, 4]
+        for pages in range(1, 5):
             before = {size: g.replays for size, g in by_size.items()}
             pixels = batch(model, pages, seed=pages)
             got: RawOutputs = graphed(pixels)
@@ -117,3 +126,99 @@ def test_on_the_cpu_the_model_stays_eager_and_says_so(model: LayoutModel) -> Non
     prep = model.preprocessing
     page = BatchPage(batch(model, 1, 3).numpy()[0], prep.width, prep.height, 0.3)
     assert len(model.detect([page, page])) == 2
+
+
+def modeling() -> Any:
+    from transformers.models.pp_doclayout_v3 import (  # noqa: PLC0415
+        modeling_pp_doclayout_v3,
+    )
+
+    return modeling_pp_doclayout_v3
+
+
+def transformers_boxes() -> Callable[..., torch.Tensor]:
+    """transformers' own mask_to_box_coordinate, before or after `capturable` replaced it."""
+    module = modeling()
+    found: Callable[..., torch.Tensor] = getattr(
+        module, "transformers_mask_to_box_coordinate", module.mask_to_box_coordinate
+    )
+    return found
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_box_of_masks_is_transformers_mask_to_box_coordinate(dtype: torch.dtype) -> None:
+    """Random masks of 300 queries at 200x200 (the full model's), some empty: the same boxes."""
+    generator = torch.Generator().manual_seed(1)
+    masks = torch.rand(2, 300, 200, 200, generator=generator) > 0.97
+    masks[0, :20] = False  # empty masks: their box is all zeros
+    masks[1, 5, 10:30, 40:90] = True
+    torch.testing.assert_close(box_of_masks(masks, dtype), transformers_boxes()(masks, dtype),
+                               atol=0, rtol=0)  # fmt: skip
+
+
+class HostCopies(TorchDispatchMode):
+    """Every op, while active, that takes a host tensor and gives a device (meta) one: a copy
+    from the host (`.to(device)`, `copy_`), which torch.tensor's own hides from this mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        given = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        made = out if isinstance(out, tuple | list) else [out]
+        if any(t.device.type == "cpu" for t in given) and any(
+            isinstance(t, torch.Tensor) and t.device.type == "meta" for t in made
+        ):
+            self.seen.append(str(func))
+        return out
+
+
+class DeviceTensors:
+    """torch.tensor calls that put data on a device other than the host's, while active."""
+
+    def __init__(self) -> None:
+        self.made: list[str] = []
+        self.real = torch.tensor
+
+    def __enter__(self) -> DeviceTensors:
+        def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+            made = self.real(*args, **kwargs)
+            if made.device.type != "cpu":
+                self.made.append(f"{tuple(made.shape)} on {made.device}")
+            return made
+
+        torch.tensor = spy
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        torch.tensor = self.real
+
+
+def test_the_full_size_forward_pass_copies_nothing_from_the_host_once_capturable() -> None:
+    """PP-DocLayoutV3 at transformers' default (released) config, `mask_enhanced` as the real
+    checkpoint, on the meta device: transformers' own pass makes a tensor on the device from
+    host data (the test can see one), and none once `capturable` replaced it."""
+    from transformers import PPDocLayoutV3Config, PPDocLayoutV3ForObjectDetection  # noqa: PLC0415
+
+    config = PPDocLayoutV3Config()
+    assert config.mask_enhanced
+    with torch.device("meta"):
+        full = PPDocLayoutV3ForObjectDetection(config).eval()
+    pixels = torch.empty(2, 3, 800, 800, device="meta")
+    module = modeling()
+    now = module.mask_to_box_coordinate
+    try:
+        module.mask_to_box_coordinate = transformers_boxes()
+        with torch.inference_mode(), DeviceTensors() as before:
+            full(pixel_values=pixels)
+        assert before.made == ["(4,) on meta"]
+        capturable()
+        with torch.inference_mode(), DeviceTensors() as after, HostCopies() as copies:
+            full(pixel_values=pixels)
+        assert after.made == []
+        assert copies.seen == []
+    finally:
+        module.mask_to_box_coordinate = now

@@ -14,6 +14,13 @@ service says ready (the eager outputs taken first and kept on the host, so a cap
 never adds to an eager pass's); a size that differs, or a capture that fails, leaves the
 model eager (logged). Graphs need CUDA: on the CPU, or with `--compile` (torch.compile's own),
 the forward stays as it was.
+
+A graph cannot hold a copy from the host, and transformers' PP-DocLayoutV3 makes one in every
+pass where its config is `mask_enhanced` (the real checkpoint's, and the bench's): its
+`mask_to_box_coordinate` builds a 4-vector with `torch.tensor(..., device=...)`. `capturable`
+puts in its place the same function building that vector on the device (`box_of_masks`), before
+any capture; tests/engine/test_layout_graphs.py checks both give the same boxes and that no
+pass of the full-size config copies from the host then.
 """
 
 from __future__ import annotations
@@ -47,6 +54,50 @@ def size_for(pages: int, sizes: tuple[int, ...]) -> int:
         if size >= pages:
             return size
     raise ValueError(f"a batch of {pages} pages is past the largest captured size {sizes[-1]}")
+
+
+def box_of_masks(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """transformers' `mask_to_box_coordinate` (models/pp_doclayout_v3/modeling_pp_doclayout_v3.py,
+    transformers 5.19, Apache-2.0) step for step, but for the normaliser [w, h, w, h], filled on
+    the device instead of copied from the host: each mask's box, (cx, cy, w, h) in [0, 1]."""
+    mask = mask.bool()
+    height, width = mask.shape[-2:]
+    y_coords, x_coords = torch.meshgrid(
+        torch.arange(height, device=mask.device), torch.arange(width, device=mask.device),
+        indexing="ij",
+    )  # fmt: skip
+    x_coords, y_coords = x_coords.to(dtype), y_coords.to(dtype)
+    finfo_max = torch.full((), torch.finfo(dtype).max, dtype=dtype, device=mask.device)
+    x_coords_masked = x_coords * mask
+    x_max = x_coords_masked.flatten(start_dim=-2).max(dim=-1).values + 1
+    x_min = torch.where(mask, x_coords_masked, finfo_max).flatten(start_dim=-2).min(dim=-1).values
+    y_coords_masked = y_coords * mask
+    y_max = y_coords_masked.flatten(start_dim=-2).max(dim=-1).values + 1
+    y_min = torch.where(mask, y_coords_masked, finfo_max).flatten(start_dim=-2).min(dim=-1).values
+    unnormalized_bbox = torch.stack([x_min, y_min, x_max, y_max], dim=-1)
+    is_mask_non_empty = torch.any(mask, dim=(-2, -1)).unsqueeze(-1)
+    unnormalized_bbox = unnormalized_bbox * is_mask_non_empty
+    norm_tensor = torch.empty(4, device=mask.device, dtype=dtype)  # the one change
+    norm_tensor[0::2] = width
+    norm_tensor[1::2] = height
+    normalized_bbox_xyxy = unnormalized_bbox / norm_tensor
+    x_min_norm, y_min_norm, x_max_norm, y_max_norm = normalized_bbox_xyxy.unbind(dim=-1)
+    center_x = (x_min_norm + x_max_norm) / 2
+    center_y = (y_min_norm + y_max_norm) / 2
+    box_width = x_max_norm - x_min_norm
+    box_height = y_max_norm - y_min_norm
+    return torch.stack([center_x, center_y, box_width, box_height], dim=-1)
+
+
+def capturable() -> None:
+    """transformers' PP-DocLayoutV3 forward without its one copy from the host (above)."""
+    from transformers.models.pp_doclayout_v3 import (  # noqa: PLC0415
+        modeling_pp_doclayout_v3 as modeling,
+    )
+
+    if modeling.mask_to_box_coordinate is not box_of_masks:
+        modeling.transformers_mask_to_box_coordinate = modeling.mask_to_box_coordinate
+        modeling.mask_to_box_coordinate = box_of_masks
 
 
 class Graph(Protocol):

@@ -14,7 +14,7 @@ import yaml
 from transformers import PPDocLayoutV3ForObjectDetection
 
 from ocrvl_layout.detections import Candidates, RawOutputs, candidates
-from ocrvl_layout.graphs import GraphedForward, cuda_capture, sizes_for
+from ocrvl_layout.graphs import GraphedForward, capturable, cuda_capture, sizes_for
 from ocrvl_layout.images import Preprocessing
 
 log = logging.getLogger("ocrvl_layout")
@@ -181,6 +181,7 @@ class LayoutModel:
                 generator=torch.Generator(self.device).manual_seed(0),
             )  # fmt: skip
             sizes = sizes_for(max_batch)
+            capturable()
             torch.cuda.empty_cache()
             try:
                 with torch.inference_mode():
