@@ -110,17 +110,22 @@ Capture = Callable[[Callable[[], Any]], tuple[Graph, Any]]
 
 
 def cuda_capture(device: torch.device) -> Capture:
-    """torch's own capture on `device`, every graph in one pool (replayed one at a time)."""
+    """torch's own capture on `device`, every graph in one pool (replayed one at a time). The
+    first capture runs the pass once on a side stream before it, as torch's docs do; the later
+    ones do not, so no eager pass's memory adds to the pool's."""
     pool = torch.cuda.graph_pool_handle()
+    warmed: list[bool] = []
 
     def capture(run: Callable[[], Any]) -> tuple[Graph, Any]:
-        side = torch.cuda.Stream(device)  # a pass on a side stream first, as torch's docs do
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            run()
-        torch.cuda.current_stream(device).wait_stream(side)
+        if not warmed:
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                run()
+            torch.cuda.current_stream(device).wait_stream(side)
+            warmed.append(True)
         torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()  # that pass's memory back before the graph's pool grows
+        torch.cuda.empty_cache()  # eager passes' memory back before the graph's pool grows
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             out = run()
