@@ -77,9 +77,16 @@ def attention(vit: dict[str, Any]) -> list[dict[str, Any]]:
 def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
     """The pass in a page: each variant's windows, its figure and spread, against its floor."""
     summary = parts["summary"]
-    lines = [f"# {plan['stem']}: method 2 on {summary['gpu']}", "",
-             f"Floor (whole page): {summary['floor']['ms_per_page']:.2f} ms a page. "
-             f"Definition: {summary['floor']['definition']}.", ""]  # fmt: skip
+    floor = summary["floor"]
+    lines = [
+        f"# {plan['stem']}: method 2 on {summary['gpu']}",
+        "",
+        f"Floor (whole page): {floor['ms_per_page']:.2f} ms a page. "
+        f"Definition: {floor['definition']}."
+        if floor["ms_per_page"] == floor["ms_per_page"]
+        else "Floor: not measured in this pass.",
+        "",
+    ]  # fmt: skip  (NaN != NaN)
     for variant in summary["variants"]:
         figure = parts["figures"].get(variant["name"])
         lines += [f"## {variant['name']} (c={variant['concurrency']}): {variant['stack']}", "",
