@@ -73,16 +73,17 @@ def candidates(
     scores, labels, boxes, order_seqs, index = (
         t.cpu() for t in (scores, labels, boxes, order_seqs, index)
     )
-    kept, rows, limits = [], [], []
+    kept, pages, queries, limits = [], [], [], []
     for page, threshold in enumerate(thresholds):
         keep = scores[page] >= threshold
         order, indices = torch.sort(order_seqs[page][keep])
         kept.append((keep, order, indices))
-        rows.append(page * num_queries + index[page][keep][indices])
+        pages.append(torch.full((len(indices),), page))
+        queries.append(index[page][keep][indices])
         limits.append(torch.full((len(indices),), threshold))
-    flat = raw.out_masks.flatten(0, 1)
-    device = flat.device
-    picked = flat[torch.cat(rows).to(device)].float().sigmoid()
+    device = raw.out_masks.device  # (pages, queries) pairs index the masks without a copy of all
+    chosen = (torch.cat(pages).to(device), torch.cat(queries).to(device))
+    picked = raw.out_masks[chosen].float().sigmoid()
     masks = (picked > torch.cat(limits).to(device)[:, None, None]).to(torch.uint8).cpu().numpy()
     found, start = [], 0
     for page, ((width, height), (keep, order, indices)) in enumerate(zip(sizes, kept, strict=True)):
