@@ -188,23 +188,21 @@ def check_batch(
             row[f"{name}_ms"] = timed(
                 lambda m=model: m.embed_multimodal(**kwargs), args.device, False, args.repeat
             )
+
+        def line(model: Any) -> dict[str, Any]:
+            """`model`'s distance from the stock, within the bound or not, its time."""
+            got = distance(model.embed_multimodal(**kwargs), stock)
+            ms = timed(lambda: model.embed_multimodal(**kwargs), args.device, False, args.repeat)
+            return got | {"within": got["max_rel"] <= row["bound_rel"], "ms": ms,
+                          "speedup": row["stock_ms"] / ms}  # fmt: skip
+
         encoder, modes = models["plugin"].packed_encoder, {}
         default = encoder.attend
         for mode in args.attention:
             encoder.attend = attention.for_mode(mode)
-            got = distance(models["plugin"].embed_multimodal(**kwargs), stock)
-            ms = timed(lambda: models["plugin"].embed_multimodal(**kwargs), args.device, False,
-                       args.repeat)  # fmt: skip
-            modes[mode] = got | {"within": got["max_rel"] <= row["bound_rel"], "ms": ms,
-                                 "speedup": row["stock_ms"] / ms}  # fmt: skip
+            modes[mode] = line(models["plugin"])
         encoder.attend = default
-        backends = {}
-        for name, model in models.get("backends", {}).items():
-            got = distance(model.embed_multimodal(**kwargs), stock)
-            ms = timed(lambda m=model: m.embed_multimodal(**kwargs), args.device, False,
-                       args.repeat)  # fmt: skip
-            backends[name] = got | {"within": got["max_rel"] <= row["bound_rel"], "ms": ms,
-                                    "speedup": row["stock_ms"] / ms}  # fmt: skip
+        backends = {name: line(model) for name, model in models.get("backends", {}).items()}
     row["speedup"] = row["stock_ms"] / row["plugin_ms"]
     row["modes"], row["backends"] = modes, backends
     row["within"] = row["within"] and all(

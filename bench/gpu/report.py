@@ -13,6 +13,7 @@ variant (layout off) is held to the `whole` floor, `layout` (layout on) to `bloc
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,8 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
     alone = {name: method.median(windows) | {"flags": settings[name]}
              for name, windows in alone.items() if windows}  # fmt: skip
     alone_figure = next(iter(alone.values()), {}).get("pages_per_s_by_count")
-    vit = json.loads((res / "vit-attention.json").read_text()) if (
-        res / "vit-attention.json").exists() else None  # fmt: skip
+    found = res / "vit-attention.json"
+    vit = json.loads(found.read_text()) if found.exists() else None
     machines = [f["machine"] for f in floors.values()] + ([vit["machine"]] if vit else [])
     gpu = next((m.get("gpu") or m["device"] for m in machines), "?")
     whole = floors.get("off", {"ms_per_page": nan, "definition": "not measured"})
@@ -63,10 +64,12 @@ def attention(vit: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for batch in vit["batches"]:
         lines = {f"stock {vit.get('stock_attention', '')}".strip(): batch["stock_ms"]}
-        lines |= {f"plugin {name}": m["ms"] for name, m in batch["modes"].items()}
-        lines |= {f"vllm {name}": m["ms"] for name, m in batch.get("backends", {}).items()}
-        bad = {f"plugin {n}" for n, m in batch["modes"].items() if not m["within"]}
-        bad |= {f"vllm {n}" for n, m in batch.get("backends", {}).items() if not m["within"]}
+        bad = set()
+        for kind, measured in (("plugin", batch["modes"]), ("vllm", batch.get("backends", {}))):
+            for name, m in measured.items():
+                lines[f"{kind} {name}"] = m["ms"]
+                if not m["within"]:
+                    bad.add(f"{kind} {name}")
         good = {name: ms for name, ms in lines.items() if name not in bad}
         rows.append({"kind": batch.get("kind", "mixed"), "images": batch["images"],
                      "patches": batch["patches"], "ms": lines, "out_of_bounds": sorted(bad),
@@ -83,10 +86,10 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
         "",
         f"Floor (whole page): {floor['ms_per_page']:.2f} ms a page. "
         f"Definition: {floor['definition']}."
-        if floor["ms_per_page"] == floor["ms_per_page"]
+        if not math.isnan(floor["ms_per_page"])
         else "Floor: not measured in this pass.",
         "",
-    ]  # fmt: skip  (NaN != NaN)
+    ]
     for variant in summary["variants"]:
         figure = parts["figures"].get(variant["name"])
         lines += [f"## {variant['name']} (c={variant['concurrency']}): {variant['stack']}", "",

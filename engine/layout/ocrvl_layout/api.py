@@ -75,10 +75,9 @@ class Service:
         )
         sizes = warm_up_sizes(settings.max_batch, compiled=settings.compile)
         seconds = await loop.run_in_executor(None, model.warm_up, sizes)
-        if settings.cuda_graphs:
-            await loop.run_in_executor(None, model.capture, settings.max_batch)
-        else:
-            model.graphs = "off (--no-cuda-graphs)"
+        await loop.run_in_executor(
+            None, lambda: model.capture(settings.max_batch, wanted=settings.cuda_graphs)
+        )
         await loop.run_in_executor(None, preprocessor.warm_up)
         processes = settings.worker_processes
         if processes is None:

@@ -73,18 +73,18 @@ def candidates(
     scores, labels, boxes, order_seqs, index = (
         t.cpu() for t in (scores, labels, boxes, order_seqs, index)
     )
-    kept, pages, queries, limits = [], [], [], []
+    kept, pages, queries = [], [], []
     for page, threshold in enumerate(thresholds):
         keep = scores[page] >= threshold
         order, indices = torch.sort(order_seqs[page][keep])
         kept.append((keep, order, indices))
         pages.append(torch.full((len(indices),), page))
         queries.append(index[page][keep][indices])
-        limits.append(torch.full((len(indices),), threshold))
-    device = raw.out_masks.device  # (pages, queries) pairs index the masks without a copy of all
-    chosen = (torch.cat(pages).to(device), torch.cat(queries).to(device))
-    picked = raw.out_masks[chosen].float().sigmoid()
-    masks = (picked > torch.cat(limits).to(device)[:, None, None]).to(torch.uint8).cpu().numpy()
+    device = raw.out_masks.device  # (page, query) pairs index the masks without a copy of all
+    page_of = torch.cat(pages)
+    picked = raw.out_masks[page_of.to(device), torch.cat(queries).to(device)].float().sigmoid()
+    limit = torch.tensor(thresholds, dtype=torch.float32)[page_of].to(device)  # each its page's
+    masks = (picked > limit[:, None, None]).to(torch.uint8).cpu().numpy()
     found, start = [], 0
     for page, ((width, height), (keep, order, indices)) in enumerate(zip(sizes, kept, strict=True)):
         end = start + len(indices)

@@ -64,14 +64,12 @@ class Preprocessing:
         return alpha, beta
 
     def normalise(
-        self,
-        pixels: torch.Tensor,
-        dtype: torch.dtype,
-        scaling: tuple[torch.Tensor, torch.Tensor] | None = None,
+        self, pixels: torch.Tensor, dtype: torch.dtype, scaling: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
         """A (B, H, W, 3) uint8 batch as the model's (B, 3, H, W) input: PaddleX's Normalize
-        (x * scale / std - mean / std, in float32), then the model's dtype."""
-        alpha, beta = scaling or self.scaling(pixels.device)
+        (x * scale / std - mean / std, in float32, `scaling` its alpha and beta), then the
+        model's dtype."""
+        alpha, beta = scaling
         scaled = pixels.to(torch.float32) * alpha + beta
         return scaled.permute(0, 3, 1, 2).contiguous().to(dtype)
 

@@ -166,11 +166,14 @@ class LayoutModel:
             f"{self.preprocessing.width}x{self.preprocessing.height}, CUDA graphs {self.graphs}"
         )
 
-    def capture(self, max_batch: int) -> str:
+    def capture(self, max_batch: int, *, wanted: bool = True) -> str:
         """CUDA graphs of the forward pass at every size a batch of up to `max_batch` runs in
-        (graphs.py), after the warm-up; eager where they cannot be (not a GPU, --compile) or
-        where a capture fails or differs from the eager pass (logged). What describe() says."""
-        if self.device.type != "cuda":
+        (graphs.py), after the warm-up; eager where they are not `wanted` (--no-cuda-graphs) or
+        cannot be (not a GPU, --compile) or where a capture fails or differs from the eager
+        pass (logged). What describe() says."""
+        if not wanted:
+            self.graphs = "off (--no-cuda-graphs)"
+        elif self.device.type != "cuda":
             self.graphs = "off (not on a GPU)"
         elif self.compiled:
             self.graphs = "off (--compile)"
@@ -182,7 +185,6 @@ class LayoutModel:
             )  # fmt: skip
             sizes = sizes_for(max_batch)
             capturable()
-            torch.cuda.empty_cache()
             try:
                 with torch.inference_mode():
                     self.graphed = GraphedForward(self.run, sample, sizes,

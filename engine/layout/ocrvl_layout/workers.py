@@ -39,7 +39,7 @@ T = TypeVar("T")
 PRELOAD = ["ocrvl_layout.workers", "ocrvl_layout.pages"]
 
 
-MOST = 8  # the default's cap (docs/layout.md, "Why this many")
+MOST = 8  # the default's cap (docs/layout-speed.md, "Why this many")
 
 
 def default_processes() -> int:
