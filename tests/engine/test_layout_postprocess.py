@@ -290,3 +290,17 @@ def test_each_page_of_a_batch_keeps_its_own_threshold(raw: Any) -> None:
         alone = candidates(raw, list(PAGE_SIZES), [threshold] * len(PAGE_SIZES), (800, 800))
         for f in fields(mine):
             np.testing.assert_array_equal(getattr(mine, f.name), getattr(alone[page], f.name))
+
+
+@pytest.mark.parametrize("width", [200, 13, 8])
+@pytest.mark.parametrize("count", [0, 5])
+def test_masks_are_packed_as_numpy_packs_bits(width: int, count: int) -> None:
+    """The kept masks cross to the host packed on their device: bit for bit np.packbits of the
+    masks along their width (a width not a multiple of 8 padded with zeros), no mask too."""
+    import torch  # noqa: PLC0415
+    from ocrvl_layout.detections import pack_bits  # noqa: PLC0415
+
+    bits = torch.rand(count, 7, width, generator=torch.Generator().manual_seed(width)) > 0.5
+    packed = pack_bits(bits).numpy()
+    np.testing.assert_array_equal(packed, np.packbits(bits.numpy(), axis=-1))
+    np.testing.assert_array_equal(np.unpackbits(packed, axis=-1, count=width), bits.numpy())

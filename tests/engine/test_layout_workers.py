@@ -6,6 +6,7 @@ ends, and workers that never load torch."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import pickle
@@ -14,14 +15,16 @@ import select
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.engine.test_layout_api import BAD_BODIES, SMALL_PNG, page_url, post
 from tests.support.layout_pages import layout_page
-from tests.support.layout_service import LayoutService, start_layout_service
+from tests.support.layout_service import LayoutService, start_layout_service, tiny_layout_dir
 from tests.support.pages import data_url
+from tests.support.servers import lifespan_client
 
 pytestmark = pytest.mark.engine
 ADDRESS = re.compile(r"0x[0-9a-f]+")
@@ -132,6 +135,78 @@ def test_an_invalid_request_crosses_the_process_boundary_whole() -> None:
         sent.message, "images.3", "invalid_image", 400)  # fmt: skip
 
 
+async def all_at_once(url: str, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=180) as client:
+        sent = (client.post(f"{url}/v1/layout", json=body) for body in bodies)
+        return list(await asyncio.gather(*sent))
+
+
+def test_pages_wait_for_a_free_slot_and_every_slot_comes_back(tmp_path: Path) -> None:
+    """--max-batch 1 and one worker process: four page slots (slots.py, logged). Ten pages in
+    one request wait for free slots and each is answered as it is alone (every pass one page,
+    so the same arithmetic); a bad image among good ones is its 400 and keeps no slot; then
+    three requests of ten at once are all answered (a slot kept, or a request holding some
+    slots while it waits for more, would leave them waiting until the client's timeout)."""
+    service = start_layout_service(
+        tmp_path / "layout.log", "--max-batch", "1", "--worker-processes", "1"
+    )
+    try:
+        assert "4 page slots of 800x800 shared with the workers" in service.log_path.read_text()
+        body = {"images": (varied_pages() * 2)[:10]}
+        alone = [post(service.url, {"images": [page]}).json()["results"] for page in body["images"]]
+        want = {"results": [results[0] for results in alone]}
+        assert post(service.url, body).json() == want
+        bad_image = next(iter(BAD_IMAGES.values()))[0]
+        bad = post(service.url, {"images": [*body["images"][:5], bad_image, *body["images"][5:]]})
+        assert (bad.status_code, bad.json()["error"]["param"]) == (400, "images.5")
+        for answer in asyncio.run(all_at_once(service.url, [body] * 3)):
+            assert answer.status_code == 200, answer.text
+            assert answer.json() == want
+    finally:
+        service.stop()
+
+
+def test_where_workers_cannot_map_the_slots_pages_come_back_pickled(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In-process, the slots' descriptor made one no worker can open (a fake of a system that
+    hides /proc's descriptors, which this machine does not): the service logs that pages come
+    back pickled and answers as a service whose workers map them does."""
+    import dataclasses  # noqa: PLC0415
+
+    from ocrvl_layout.api import create_app  # noqa: PLC0415
+    from ocrvl_layout.settings import Settings  # noqa: PLC0415
+    from ocrvl_layout.slots import PageSlots  # noqa: PLC0415
+
+    made = PageSlots.__init__
+
+    def unreachable(self: PageSlots, *args: Any) -> None:
+        made(self, *args)
+        self.address = dataclasses.replace(self.address, fd=10**6)
+
+    body = {"images": varied_pages()[:3]}
+
+    async def answer() -> Any:
+        ready = asyncio.Event()
+        app = create_app(settings, on_ready=lambda _: ready.set())
+        async with lifespan_client(app) as client:
+            await asyncio.wait_for(ready.wait(), timeout=120)
+            response = await client.post("/v1/layout", json=body, timeout=120)
+            assert response.status_code == 200, response.text
+            return response.json()
+
+    settings = Settings(model=str(tiny_layout_dir()), device="cpu", worker_processes=1)
+    with caplog.at_level("INFO", logger="ocrvl_layout"):
+        shared = asyncio.run(answer())
+        assert "page slots of 800x800 shared" in caplog.text
+        monkeypatch.setattr(PageSlots, "__init__", unreachable)
+        caplog.clear()
+        pickled = asyncio.run(answer())
+    assert "cannot map the page slots" in caplog.text
+    assert "shared with the workers" not in caplog.text
+    assert pickled == shared
+
+
 def test_a_killed_worker_is_replaced_and_the_next_request_succeeds(tmp_path: Path) -> None:
     """SIGKILL to one worker by its PID: the next request is answered 200 with the boxes it got
     before, the pool is replaced (the restarts counter says 1), the dead PID is no worker."""
@@ -165,19 +240,45 @@ def ignored_signals(pid: int) -> set[int]:
     return {number for number in range(1, 65) if mask >> (number - 1) & 1}
 
 
-def test_workers_leave_sigint_and_sigterm_to_the_service(tmp_path: Path) -> None:
+def test_workers_and_their_fork_server_leave_sigint_and_sigterm_to_the_service(
+    tmp_path: Path,
+) -> None:
     """A signal to the whole process group (Ctrl-C, `kill -TERM -- -PGID`, as make serve and
-    the GPU bench stop it) ends the service, which shuts its pool down: a worker killed by it
-    first would break the pool under requests still in flight and be replaced for nothing
-    (seen on the H200: "a worker process died" at every stop). Each worker ignores both."""
+    the GPU bench stop it) ends the service, which shuts its pool down. A worker, or the fork
+    server that reports the workers' ends, ended by it first broke the pool under requests still
+    in flight and had it replaced for nothing (seen on the H200 and on the CPU: "a worker process
+    died" at every stop). Here SIGTERM reaches every process the service started before it
+    (the order a group's stop may take): each ignores it, the next request is answered by the
+    same pool, and the service's own SIGTERM then ends them all."""
     service = start_layout_service(tmp_path / "layout.log", "--worker-processes", "2")
     try:
         workers = workers_of(service)
         assert len(workers) == 2
-        for pid in workers:
+        started = family(service.process.pid)
+        server = [pid for pid, depth in started.items() if depth == 1 and pid in
+                  {parent_of(worker) for worker in workers}]  # fmt: skip
+        assert len(server) == 1, started
+        for pid in [*workers, *server]:
             assert {signal.SIGINT, signal.SIGTERM} <= ignored_signals(pid), pid
+        for pid in started:
+            os.kill(pid, signal.SIGTERM)
+        answer = post(service.url, {"images": varied_pages()[:2]})
+        assert answer.status_code == 200, answer.text
+        assert restarts(service.url) == 0
+        assert workers_of(service) == workers
+        fds = {pid: os.pidfd_open(pid) for pid in started}
+        service.process.send_signal(signal.SIGTERM)
+        service.process.wait(timeout=60)
+        assert wait_ended(fds, 60) == []
     finally:
-        service.stop()
+        service.stop()  # the log is whole once it returns
+    log = service.log_path.read_text()
+    assert "Application shutdown complete" in log
+    assert "died" not in log
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])

@@ -42,7 +42,11 @@ def parse_args(argv: list[str] | None) -> dict[str, Any]:
         default=None,
         help="replay the forward pass from CUDA graphs (default on, on a GPU without --compile)",
     )
-    add("--max-queue", type=int, help="pages waiting for a batch before 503 (default 256)")
+    add(
+        "--max-queue",
+        type=int,
+        help="pages held at once (decoding, waiting, in a pass) before 503 (default 256)",
+    )
     add("--max-images", type=int, help="images in one request (default 32)")
     add("--max-pixels", type=int, help="pixels of one image (default 50000000)")
     add("--max-request-bytes", type=int, help="a request body's size (default 256 MiB)")

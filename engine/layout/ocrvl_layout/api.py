@@ -1,5 +1,6 @@
 """The HTTP API (docs/layout.md): POST /v1/layout, /health, /ready, /metrics; the lifespan that
-owns the model (and its CUDA graphs), the batcher, the worker threads and the worker processes."""
+owns the model (and its CUDA graphs), the batcher, the worker threads, the worker processes and
+the page slots they share."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ocrvl_layout.batcher import Batcher
+from ocrvl_layout.detections import Candidates
 from ocrvl_layout.errors import (
     InvalidRequest,
     LayoutError,
@@ -29,9 +31,10 @@ from ocrvl_layout.errors import (
 from ocrvl_layout.metrics import Metrics
 from ocrvl_layout.model import BatchPage, LayoutModel
 from ocrvl_layout.options import LayoutOptions, LayoutRequest, parse_request
-from ocrvl_layout.pages import decode, finish, prepare
+from ocrvl_layout.pages import decode, finish, prepare, prepare_into
 from ocrvl_layout.preprocess import Corrected, Preprocessor
 from ocrvl_layout.settings import Settings
+from ocrvl_layout.slots import PageSlots, probe, slots_for
 from ocrvl_layout.workers import Workers, default_processes
 
 log = logging.getLogger("ocrvl_layout")
@@ -60,6 +63,7 @@ class Service:
         self.failure: str | None = None
         self.pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="layout-work")
         self.workers: Workers | None = None
+        self.slots: PageSlots | None = None
 
     async def load(self) -> str:
         """Load and warm the model (in a thread), then start batching; a line saying what runs."""
@@ -85,6 +89,7 @@ class Service:
         if processes:
             self.workers = Workers(processes, self.metrics.worker_restarts)
             log.info("%d worker processes: pids %s", processes, await self.workers.start())
+            self.slots = await self._slots(model, self.workers)
         self.batcher = Batcher(
             model,
             self.metrics,
@@ -98,11 +103,30 @@ class Service:
         steps = preprocessor.describe()
         return f"{model.describe()}{', ' + steps if steps else ''}, warm-up {seconds:.1f} s"
 
+    async def _slots(self, model: LayoutModel, workers: Workers) -> PageSlots | None:
+        """Page slots the workers resize into, once a worker has mapped them; None (pages
+        pickled back, logged) where this system does not let it."""
+        prep = model.preprocessing
+        slots = PageSlots(slots_for(self.settings.max_batch, workers.processes),
+                          (prep.height, prep.width, 3))  # fmt: skip
+        try:
+            await workers.call(probe, slots.address)
+        except OSError as error:
+            log.warning("the worker processes cannot map the page slots (%s): pages come back "
+                        "pickled", error)  # fmt: skip
+            slots.close()
+            return None
+        log.info("%d page slots of %dx%d shared with the workers", slots.address.count,
+                 prep.width, prep.height)  # fmt: skip
+        return slots
+
     async def close(self) -> None:
         if self.batcher is not None:
             await self.batcher.stop()
         if self.workers is not None:
             await self.workers.close()
+        if self.slots is not None:
+            self.slots.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def ready(self) -> tuple[LayoutModel, Batcher]:
@@ -226,16 +250,16 @@ async def _layout(request: Request, service: ServiceDep) -> Response:
     preprocessing = parsed.orientation or parsed.unwarp
     if preprocessing and service.preprocessor is not None:
         service.preprocessor.require(parsed.orientation, parsed.unwarp)
-    batcher.check_room(len(parsed.images))  # before decoding: shed load at once
-    started = time.monotonic()
-    # worker processes, unless the preprocessing models (here) need the full-size pixels
-    workers = None if preprocessing else service.workers
-    if workers is None:
-        pages, corrected = await _in_threads(service, model, batcher, parsed)
-    else:
-        pages = await _in_workers(workers, model, parsed, settings.max_pixels)
+    with batcher.admitted(len(parsed.images)):  # before decoding: shed load at once
+        started = time.monotonic()
+        # worker processes, unless the preprocessing models (here) need the full-size pixels
+        workers = None if preprocessing else service.workers
         corrected = None
-    found = await batcher.run(pages)
+        if workers is None:
+            pages, corrected = await _in_threads(service, model, batcher, parsed)
+            found = await batcher.run(pages)
+        else:
+            found = await _in_workers(service, workers, parsed)
     labels, options = model.labels, parsed.options
     run = service.in_pool if workers is None else workers.call
     results = await asyncio.gather(*(run(finish, page, labels, options) for page in found))
@@ -247,18 +271,61 @@ async def _layout(request: Request, service: ServiceDep) -> Response:
 
 
 async def _in_workers(
-    workers: Workers, model: LayoutModel, parsed: LayoutRequest, limit: int
-) -> list[BatchPage]:
-    """Each page decoded and resized in a worker process; only the resized pixels come back."""
-    prep = model.preprocessing
-    prepared = await asyncio.gather(
-        *(
-            workers.call(prepare, url, i, limit, (prep.width, prep.height))
-            for i, url in enumerate(parsed.images)
+    service: Service, workers: Workers, parsed: LayoutRequest
+) -> list[Candidates]:
+    """Each page decoded and resized in a worker process, then the request's pages batched
+    together: their candidates. Pages are resized into page slots (slots.py), a request's all at
+    once (as many at a time as there are slots); without slots they are pickled back."""
+    model, batcher = service.ready()
+    threshold, slots = _batch_threshold(parsed.options), service.slots
+    limit, images = service.settings.max_pixels, parsed.images
+    if slots is None:
+        size = (model.preprocessing.width, model.preprocessing.height)
+        prepared = await asyncio.gather(
+            *(workers.call(prepare, url, i, limit, size) for i, url in enumerate(images))
         )
+        pages = [BatchPage(page.pixels, page.width, page.height, threshold) for page in prepared]
+        return await batcher.run(pages)
+    most = slots.address.count
+    parts = await asyncio.gather(
+        *(
+            _in_slots(service, slots, workers, list(enumerate(images))[start : start + most],
+                      threshold)
+            for start in range(0, len(images), most)
+        )
+    )  # fmt: skip
+    return [found for part in parts for found in part]
+
+
+async def _in_slots(
+    service: Service,
+    slots: PageSlots,
+    workers: Workers,
+    images: list[tuple[int, str]],
+    threshold: float,
+) -> list[Candidates]:
+    """Pages resized into slots of their own, then run: their candidates. The slots go back
+    once no worker writes them (a request that ends early waits for its writers in the
+    background: a slot taken again while a worker still wrote into it would mix two pages)."""
+    _, batcher = service.ready()
+    limit, taken = service.settings.max_pixels, await slots.acquire(len(images))
+    writes = asyncio.gather(
+        *(
+            workers.call(prepare_into, url, index, limit, slots.address, slot)
+            for (index, url), slot in zip(images, taken, strict=True)
+        ),
+        return_exceptions=True,
     )
-    threshold = _batch_threshold(parsed.options)
-    return [BatchPage(page.pixels, page.width, page.height, threshold) for page in prepared]
+    try:
+        sizes = await asyncio.shield(writes)
+        for size in sizes:  # the first failing page, in the request's order
+            if isinstance(size, BaseException):
+                raise size
+        pages = [BatchPage(slots.view(slot), width, height, threshold)
+                 for slot, (width, height) in zip(taken, sizes, strict=True)]  # fmt: skip
+        return await batcher.run(pages)
+    finally:  # the pass has read them (or the request is gone, and its answer with it)
+        writes.add_done_callback(lambda _: slots.release(taken))
 
 
 async def _in_threads(

@@ -4,17 +4,19 @@ The worker takes the first page waiting, then more until it has `max_batch` or `
 has passed since that first page arrived, and runs the batch as one forward pass in a thread
 of its own (the event loop keeps accepting and decoding meanwhile). While a pass runs, the next
 pages queue: under load, batches fill by themselves. Each page's candidates go back to the
-request that sent it. The queue is bounded in pages: a request that does not fit is refused at
-once (503 with Retry-After), never left to wait without end.
+request that sent it. The pages a service holds are bounded (--max-queue counts every page of
+the requests admitted, from decoding to its answer): a request that does not fit is refused at
+once (503 with Retry-After), before any decoding, never left to wait without end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -53,6 +55,7 @@ class Batcher:
         self.max_wait = max_wait
         self.max_queue = max_queue
         self.queue: asyncio.Queue[_Waiting] = asyncio.Queue()
+        self.held = 0  # pages of the requests admitted (decoding, queued or in a pass)
         self.pass_seconds = 0.05  # a running mean of one pass's time, for Retry-After
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="layout-forward")
         self._worker: asyncio.Task[None] | None = None
@@ -72,16 +75,23 @@ class Batcher:
                 waiting.future.set_exception(Overloaded("the service is stopping", retry_after=5))
         self._thread.shutdown(wait=True, cancel_futures=True)
 
-    def check_room(self, pages: int) -> None:
-        """Refuse at once (Overloaded) if `pages` more would pass --max-queue."""
-        waiting = self.queue.qsize()
-        if waiting + pages > self.max_queue:
-            passes = math.ceil((waiting + pages) / self.max_batch)
+    @contextlib.contextmanager
+    def admitted(self, pages: int) -> Iterator[None]:
+        """Hold `pages` of --max-queue while a request's pages are decoded, wait and run;
+        Overloaded at once, before any decoding, if they would pass it."""
+        held = self.held
+        if held + pages > self.max_queue:
+            passes = math.ceil((held + pages) / self.max_batch)
             raise Overloaded(
-                f"{waiting} pages are waiting for the layout model and {pages} more would pass "
-                f"its queue of {self.max_queue} (--max-queue); retry later",
+                f"the layout service holds {held} pages and {pages} more would pass its limit "
+                f"of {self.max_queue} (--max-queue); retry later",
                 retry_after=math.ceil(passes * self.pass_seconds),
             )
+        self.held += pages
+        try:
+            yield
+        finally:
+            self.held -= pages
 
     async def exclusive(self, function: Callable[..., T], *args: Any) -> T:
         """`function(*args)` in the forward thread, between two batches: the preprocessing
@@ -90,8 +100,7 @@ class Batcher:
         return await loop.run_in_executor(self._thread, function, *args)
 
     async def run(self, pages: list[BatchPage]) -> list[Candidates]:
-        """Each page's candidates, once the batches holding them have run."""
-        self.check_room(len(pages))
+        """Each page's candidates, once the batches holding them have run (within `admitted`)."""
         loop = asyncio.get_running_loop()
         waiting = [_Waiting(page, loop.create_future()) for page in pages]
         for item in waiting:

@@ -22,7 +22,8 @@ class Candidates:
     labels: np.ndarray  # (N,) int64
     boxes: np.ndarray  # (N, 4) float32, x1 y1 x2 y2 in the page's pixels
     order: np.ndarray  # (N,) int64, the reading-order rank of each box's query
-    masks: np.ndarray  # (N, h, w) binary masks (sigmoid > threshold)
+    masks: np.ndarray  # (N, h, ceil(w / 8)) the binary masks (sigmoid > threshold), np.packbits'
+    mask_width: int  # w: the masks' width before packing
     width: int
     height: int
     input_size: tuple[int, int]  # the model's (width, height): masks are a quarter of it
@@ -33,9 +34,10 @@ def polygons(found: Candidates) -> list[np.ndarray | None]:
     box's rectangle where the mask says nothing, None where its contour vanishes."""
     scale_width = _mask_scale(found.input_size[0], found.width)
     scale_height = _mask_scale(found.input_size[1], found.height)
-    mask_height, mask_width = found.masks.shape[1:]
+    mask_height, mask_width = found.masks.shape[1], found.mask_width
     out: list[np.ndarray | None] = []
-    for box, mask in zip(found.boxes, found.masks, strict=True):
+    for box, packed in zip(found.boxes, found.masks, strict=True):
+        mask = np.unpackbits(packed, axis=-1, count=mask_width)
         x_min, y_min, x_max, y_max = box.astype(np.int32)
         box_w, box_h = x_max - x_min, y_max - y_min
         rect = np.array(

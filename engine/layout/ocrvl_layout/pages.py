@@ -21,10 +21,12 @@ import cv2
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from ocrvl_layout import slots
 from ocrvl_layout.boxes import Candidates
 from ocrvl_layout.errors import InvalidRequest, quoted
 from ocrvl_layout.options import LayoutOptions
 from ocrvl_layout.postprocess import layout_boxes
+from ocrvl_layout.slots import Address
 
 DATA_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+)(;[^,;]*=[^,;]*)*;base64,", re.IGNORECASE)
 
@@ -44,6 +46,21 @@ def prepare(url: str, index: int, max_pixels: int, size: tuple[int, int]) -> Pre
     pixels = decode(url, index, max_pixels)
     height, width = pixels.shape[:2]
     return Prepared(resize(pixels, *size), width, height)
+
+
+def prepare_into(
+    url: str, index: int, max_pixels: int, address: Address, slot: int
+) -> tuple[int, int]:
+    """`images[index]` decoded and resized into slot `slot` of the service's page slots (the
+    model's input size is the slots' shape); the (width, height) it was sent at."""
+    pixels = decode(url, index, max_pixels)
+    height, width = pixels.shape[:2]
+    into = slots.write(address, slot)
+    resized = cv2.resize(pixels, (into.shape[1], into.shape[0]), dst=into,
+                         interpolation=cv2.INTER_CUBIC)  # fmt: skip
+    if resized is not into:  # OpenCV made an array of its own: copy it in
+        np.copyto(into, resized)
+    return width, height
 
 
 def finish(found: Candidates, labels: list[str], options: LayoutOptions) -> dict[str, Any]:

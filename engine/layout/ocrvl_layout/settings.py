@@ -47,7 +47,12 @@ class Settings(BaseSettings):
         description="replay the forward pass from CUDA graphs, one per batch size (on a GPU, "
         "without --compile; a capture that fails or differs from the eager pass leaves it eager)",
     )
-    max_queue: int = Field(256, ge=1, description="pages waiting for a batch; more: 503")
+    max_queue: int = Field(
+        256,
+        ge=1,
+        description="pages held at once (the admitted requests' pages, from before decoding to "
+        "the end of their pass); more: 503",
+    )
     max_images: int = Field(32, ge=1, description="images in one request")
     max_pixels: int = Field(
         60_000_000,

@@ -10,6 +10,8 @@ it was sent at (pages.prepare); after the forward pass it gets the page's candid
 back its boxes (pages.finish). An InvalidRequest raised in a worker pickles whole (message,
 param, code) and is raised here as it would be in-process. A worker that dies breaks the pool:
 it is replaced by a new one and the call retried once; a second death is WorkerLost (500).
+The fork server and the workers ignore SIGTERM and SIGINT: a stop sent to the whole process group
+ends the service, which ends them (forkserver.py says why the fork server must not end first).
 Workers end with the service: it shuts the pool down as it stops, and each worker watches the
 service's PID (a pidfd, Linux 5.3 and newer) and exits when the service is gone, so a killed
 service leaves no orphan (the fork server and multiprocessing's resource tracker then end too:
@@ -36,7 +38,7 @@ from ocrvl_layout.errors import WorkerLost
 
 log = logging.getLogger("ocrvl_layout")
 T = TypeVar("T")
-PRELOAD = ["ocrvl_layout.workers", "ocrvl_layout.pages"]
+PRELOAD = ["ocrvl_layout.forkserver", "ocrvl_layout.workers", "ocrvl_layout.pages"]
 
 
 MOST = 8  # the default's cap (docs/layout-speed.md, "Why this many")
