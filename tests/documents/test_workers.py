@@ -3,8 +3,12 @@ out of the gateway's process group, and workers that do not outlive a gateway ki
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
+import socket
+import struct
 import subprocess
 from pathlib import Path
 
@@ -12,7 +16,7 @@ import httpx
 import pytest
 
 from app.documents.errors import DocumentError
-from app.documents.workers import ATTEMPTS, Preprocessor
+from app.documents.workers import ATTEMPTS, CLOSE_GRACE, Preprocessor
 from app.settings import Settings
 from tests.conftest import BACKEND_KEY, CLIENT_KEY, VENV_BIN, settings_for, wait_until_up
 from tests.support.documents import pdf
@@ -93,6 +97,41 @@ async def test_workers_run_behind_the_event_loop() -> None:
         assert await pool.run(os.nice, 0) == os.nice(0) + 10
     finally:
         pool.close()
+
+
+def never_ends(address: str) -> None:
+    """A fake page that never ends (a render stuck for ever): it connects to `address`, saying
+    it began, then waits for a byte that never comes."""
+    with socket.socket(socket.AF_UNIX) as line:
+        line.connect(address)
+        line.recv(1)
+
+
+async def test_close_kills_a_worker_still_on_a_page_that_never_ends(tmp_path: Path) -> None:
+    """A worker still on a page when the pool closes (its request gone, the page never ending)
+    is killed after CLOSE_GRACE and close returns (before: shutdown(wait=True) waited for the
+    page, for ever, and the gateway's stop with it)."""
+    loop = asyncio.get_running_loop()
+    pool = Preprocessor(1)
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(tmp_path / "page"))
+        listener.listen()
+        listener.setblocking(False)
+        page = asyncio.ensure_future(pool.run(never_ends, str(tmp_path / "page")))
+        line, _ = await loop.sock_accept(listener)
+        with line:
+            credentials = line.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+            pid = struct.unpack("3i", credentials)[0]
+            page.cancel()  # the request is gone; its worker is not
+            with contextlib.suppress(asyncio.CancelledError):
+                await page
+            closing = asyncio.ensure_future(asyncio.to_thread(pool.close))
+            # the worker is gone (its end of the line closed), and close returns; the bounds
+            # are generous, to fail rather than hang on a close that waits for the page
+            assert await asyncio.wait_for(loop.sock_recv(line, 1), CLOSE_GRACE + 60) == b""
+            await asyncio.wait_for(closing, CLOSE_GRACE + 60)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped
 
 
 def descendants(root: int) -> dict[int, str]:
