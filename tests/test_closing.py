@@ -2,23 +2,29 @@
 timed at debug; a step that never finishes is abandoned with a warning naming it and the bound,
 and one that raises is logged with its error; either way the rest still close. Then the same
 through the gateway's own lifespan. The steps that hang or fail are fakes, named so: no real part
-hangs on demand."""
+hangs on demand. Last, a real `ocrvl serve` stopped while a client holds a request open: the
+wait for requests (the drain) is bounded too."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import os
+import signal
+import socket
+import subprocess
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
 from app.closing import Closing
 from app.main import create_app
 from app.media import MediaPolicy
-from tests.conftest import settings_for
+from tests.conftest import BACKEND_KEY, CLIENT_KEY, VENV_BIN, settings_for, wait_until_up
 from tests.support.fake_backend import FakeVLLM
-from tests.support.servers import lifespan_client
+from tests.support.servers import free_port, lifespan_client
 
 BOUND = 0.2  # the bound under test: a step that never finishes meets it
 
@@ -277,3 +283,47 @@ async def test_a_gateway_part_that_never_closes_holds_no_shutdown(
     closed_after = {name for level, name in named[at + 1 :] if level == logging.DEBUG}
     assert {"to_thread(Preprocessor.close)", "AsyncClient", "Quotas.close"} <= closed_after
     assert [level for level, _ in named].count(logging.WARNING) == 1
+
+
+def test_a_stop_with_an_upload_held_open_drains_for_the_request_timeout_then_closes(
+    fake: FakeVLLM, tmp_path: Path
+) -> None:
+    """`ocrvl serve` gets SIGTERM while a client holds a request open, its body never sent: the
+    drain gives up after OCRVL_REQUEST_TIMEOUT (1 s here), the request is cancelled, the
+    lifespan closes each step (logged) and the process ends (before: uvicorn waited for
+    that body for ever, and the lifespan never closed)."""
+    port = free_port()
+    env = {
+        **os.environ, "OCRVL_BACKENDS": fake.url, "OCRVL_API_KEYS": CLIENT_KEY,
+        "OCRVL_BACKEND_API_KEY": BACKEND_KEY, "OCRVL_PREPROCESS_WORKERS": "1",
+        "OCRVL_DATA_DIR": str(tmp_path / "data"), "OCRVL_REQUEST_TIMEOUT": "1",
+        "OCRVL_LOG_LEVEL": "debug",
+    }  # fmt: skip
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as out:
+        gateway = subprocess.Popen(
+            [str(VENV_BIN / "ocrvl"), "serve", "--host", "127.0.0.1", "--port", str(port)],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}/ready", gateway, log, 60)
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as held:
+            held.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+                b"Authorization: Bearer " + CLIENT_KEY.encode() + b"\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 100000\r\n"
+                b"Expect: 100-continue\r\n\r\n"
+            )
+            # uvicorn answers 100 Continue once the route reads the body: the request is in
+            assert held.recv(64).startswith(b"HTTP/1.1 100 Continue")
+            gateway.send_signal(signal.SIGTERM)
+            # uvicorn ends by raising the signal again once it has stopped: it was not killed
+            assert gateway.wait(timeout=60) == -signal.SIGTERM  # generous: fails, not hangs
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait()
+    text = log.read_text()
+    assert "timeout graceful shutdown exceeded" in text, text[-3000:]
+    assert '"shutdown: closed #1 Quotas.close in ' in text, text[-3000:]
+    assert "; abandoned: none; failed: none" in text, text[-3000:]
