@@ -13,7 +13,9 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import pytest
 from app.closing import Closing
 from app.main import create_app
 from app.media import MediaPolicy
+from app.store.results import SqliteResults
 from tests.conftest import BACKEND_KEY, CLIENT_KEY, VENV_BIN, settings_for, wait_until_up
 from tests.support.fake_backend import FakeVLLM
 from tests.support.servers import free_port, lifespan_client
@@ -281,6 +284,32 @@ async def test_a_gateway_part_that_never_closes_holds_no_shutdown(
     closed_after = {name for level, name in named[at + 1 :] if level == logging.DEBUG}
     assert {"to_thread(Preprocessor.close)", "AsyncClient", "Quotas.close"} <= closed_after
     assert [level for level, _ in named].count(logging.WARNING) == 1
+
+
+@pytest.mark.anyio
+async def test_a_sqlite_store_closed_under_a_running_statement_leaves_the_loop_free(
+    tmp_path: Path, lines: list[logging.LogRecord]
+) -> None:
+    """A store closed while a statement (a cancelled request's, still in its thread) holds the
+    connection: the close waits in a thread, so it is abandoned at the bound with a warning
+    naming it (before: it took the connection's lock on the event loop, which froze, bound
+    and all, until the statement ended)."""
+    store = SqliteResults(tmp_path, ttl=60, max_bytes=1 << 20)
+    await store.open()
+    running, release = threading.Event(), threading.Event()
+
+    def fake_statement_that_waits(_: sqlite3.Connection) -> None:
+        running.set()
+        release.wait(60)  # generous: on the old code the frozen loop waits this out, and fails
+
+    statement = asyncio.ensure_future(store._run(fake_statement_that_waits))
+    await asyncio.to_thread(running.wait)
+    async with Closing(BOUND) as stack:
+        stack.push_async_callback(store.close)
+    assert steps(lines, logging.WARNING) == ["#1 SqliteResults.close"]
+    release.set()
+    await statement
+    await store.close()  # the test's own: the abandoned close may not have run yet
 
 
 def test_a_stop_with_an_upload_held_open_drains_for_the_request_timeout_then_closes(
