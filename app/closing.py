@@ -12,9 +12,10 @@ its own, waited for at most `bound` seconds (OCRVL_CLOSE_TIMEOUT):
 
 A step runs in a task of its own so that one that swallows its cancellation (an await under
 `suppress(CancelledError)`) cannot hold the shutdown. What cannot be abandoned: a synchronous
-callback runs on the event loop (it is timed, never cut: keep such steps to in-memory work), and
-a thread (`asyncio.to_thread`) goes on, so Python still waits for it as the process exits; the
-rest of the gateway has closed by then, and the deployment's grace ends the process. The exit
+callback runs on the event loop (it is timed, never cut: keep such steps to in-memory work); a
+thread (`asyncio.to_thread`) goes on, and Python still waits for it as the process exits, as
+asyncio does for a task that ignores its cancellation; the rest of the gateway has closed by
+then, and the deployment's grace ends the process. The exit
 stack's other ways in (`enter_context`, `push`, `push_async_exit`), which the gateway does not
 use, stay as they are: unbounded and unlogged.
 
