@@ -74,6 +74,7 @@ class Preprocessor:
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self._pool = self._new_pool()
+        self._closed = False
 
     def _new_pool(self) -> ProcessPoolExecutor:
         # spawn, not fork: forking a process that runs an event loop and threads copies their
@@ -105,6 +106,8 @@ class Preprocessor:
             try:
                 return await asyncio.get_running_loop().run_in_executor(pool, function, *args)
             except BrokenProcessPool:
+                if self._closed:  # its worker was killed by close: no fresh pool after that
+                    raise
                 self._replace(pool)
         raise DocumentError(
             f"the page could not be read: the worker processing it stopped on each of "
@@ -124,6 +127,7 @@ class Preprocessor:
         seconds is killed. By then the requests have drained and the jobs were handed back, so
         its page is one nobody waits for; `shutdown(wait=True)` waited for it, for ever if it
         never ended (a page that never renders), and the gateway's stop with it."""
+        self._closed = True
         pool = self._pool
         workers = list((pool._processes or {}).values())  # gone from the pool once shut down
         manager = pool._executor_manager_thread  # ends once every worker has
