@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -44,6 +45,9 @@ def _serve(args: argparse.Namespace) -> int:
         log_config=None,  # create_app sends uvicorn's own lines through the JSON formatter
         access_log=False,  # the gateway writes its own JSON line per request
         timeout_keep_alive=75,  # outlive nginx's upstream keep-alive so nginx closes first
+        # the drain of a stop: then the requests still open are cancelled and the lifespan
+        # closes, inside Kubernetes' 630 s grace (docs/operations.md, "Stopping and restarts")
+        timeout_graceful_shutdown=math.ceil(settings.request_timeout),
     )
     server = StoppingServer(config, stop)
     server.run()

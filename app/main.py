@@ -18,6 +18,7 @@ from app.auth import Keyring
 from app.backends import BackendPool
 from app.batches.requests import Chats
 from app.batches.runner import open_batches
+from app.closing import Closing, cancelled
 from app.context import Activity, RequestContextMiddleware
 from app.discovery import Discovery
 from app.documents.cache import sweeping
@@ -116,14 +117,8 @@ def watched_scheduler(
 
 def background(stack: AsyncExitStack, work: Coroutine[Any, Any, None]) -> None:
     """Run `work` as a task until `stack` closes, then cancel it and wait for it."""
-    task = asyncio.create_task(work)
-
-    async def cancel() -> None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    stack.push_async_callback(cancel)
+    task = asyncio.create_task(work, name=getattr(work, "__qualname__", None))
+    stack.push_async_callback(cancelled, task)
 
 
 def relay_for(
@@ -230,7 +225,7 @@ def create_app(settings: Settings, stop: Stop | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[State]:
-        async with AsyncExitStack() as stack:
+        async with Closing(settings.close_timeout) as stack:  # each step bounded and logged
             yield State(gateway=await open_gateway(settings, metrics, stack, stop, activity))
 
     app = FastAPI(

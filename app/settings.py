@@ -95,6 +95,12 @@ class Settings(BaseSettings):
     )
     request_timeout: float = Field(default=600.0, gt=0, description="Seconds for a whole request.")
     connect_timeout: float = Field(default=5.0, gt=0, description="Seconds to connect to vLLM.")
+    close_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds each step of the shutdown (a store, a client, a task closed) may "
+        "take before it is abandoned with a warning and the next step closes.",
+    )
     max_body_bytes: int = Field(default=20 * MiB, gt=0)
     max_pixels: int = Field(
         default=1_003_520,

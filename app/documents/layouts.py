@@ -21,7 +21,6 @@ on this deployment (a 400 naming it, never a 5xx).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import math
@@ -33,6 +32,7 @@ import httpx
 import orjson
 
 from app.backends import describe
+from app.closing import cancelled
 from app.documents.blocks import Box
 from app.documents.layout_options import LayoutOptions
 from app.errors import InvalidRequest, LayoutUnavailable, UpstreamError, clip
@@ -300,12 +300,6 @@ async def open_layouts(settings: Settings, stack: AsyncExitStack) -> LayoutServi
     await service.probe_all()
     if not service.ready():
         log.warning("no layout service is ready yet: %s", service.problems())
-    watcher = asyncio.create_task(service.watch())
-
-    async def stop() -> None:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-
-    stack.push_async_callback(stop)
+    watcher = asyncio.create_task(service.watch(), name="LayoutService.watch")
+    stack.push_async_callback(cancelled, watcher)
     return service

@@ -2,9 +2,10 @@
 
 Image work is CPU-bound and holds the GIL, so it runs in other processes: the event loop only
 waits for results. The lifespan creates the pool and shuts it down, after the requests in flight
-have drained: each worker runs in a session of its own, so a SIGTERM or Ctrl-C sent to the
-gateway's process group (a service manager, `make serve`, a terminal) reaches the gateway alone,
-never the workers its draining requests still need.
+have drained (a worker still on a page CLOSE_GRACE seconds later is killed: nobody waits for
+that page any more, and the stop must not wait for it either). Each worker runs in a session of
+its own, so a SIGTERM or Ctrl-C sent to the gateway's process group (a service manager, `make
+serve`, a terminal) reaches the gateway alone, never the workers its draining requests still need.
 
 A worker that dies all the same (killed, the OOM killer, a decoder crash) breaks the pool: every
 task it held fails. Those tasks are tried again on a fresh pool; a page whose worker dies on
@@ -38,6 +39,8 @@ log = logging.getLogger("ocrvl.documents")
 WORKER_NICENESS = 10
 PARENT_POLL = 1.0  # seconds between looks at the parent where there is no pidfd
 ATTEMPTS = 3  # tries of a task whose worker dies before it is reported as the file's fault
+CLOSE_GRACE = 1.0  # seconds a worker's page may still take once the pool closes; then killed
+KILL_WAIT = 1.0  # seconds to wait for a killed worker (or the pool's thread) to be gone
 
 
 def worker_started(parent: int) -> None:
@@ -71,6 +74,7 @@ class Preprocessor:
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self._pool = self._new_pool()
+        self._closed = False
 
     def _new_pool(self) -> ProcessPoolExecutor:
         # spawn, not fork: forking a process that runs an event loop and threads copies their
@@ -102,6 +106,8 @@ class Preprocessor:
             try:
                 return await asyncio.get_running_loop().run_in_executor(pool, function, *args)
             except BrokenProcessPool:
+                if self._closed:  # its worker was killed by close: no fresh pool after that
+                    raise
                 self._replace(pool)
         raise DocumentError(
             f"the page could not be read: the worker processing it stopped on each of "
@@ -116,6 +122,26 @@ class Preprocessor:
             self._pool = self._new_pool()
             broken.shutdown(wait=False, cancel_futures=True)
 
-    def close(self) -> None:
-        """Stop the workers; pending pages are cancelled."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, grace: float = CLOSE_GRACE) -> None:
+        """Stop the workers: pending pages are cancelled, and a worker still busy after `grace`
+        seconds is killed. By then the requests have drained and the jobs were handed back, so
+        its page is one nobody waits for; `shutdown(wait=True)` waited for it, for ever if it
+        never ended (a page that never renders), and the gateway's stop with it."""
+        self._closed = True
+        pool = self._pool
+        workers = list((pool._processes or {}).values())  # gone from the pool once shut down
+        manager = pool._executor_manager_thread  # ends once every worker has
+        pool.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + grace
+        for worker in workers:
+            worker.join(max(deadline - time.monotonic(), 0))
+        busy = [worker for worker in workers if worker.is_alive()]
+        for worker in busy:
+            worker.kill()
+        for worker in busy:
+            worker.join(KILL_WAIT)
+        if isinstance(manager, threading.Thread):
+            manager.join(KILL_WAIT)
+        if busy:
+            log.warning("%d preprocessing worker(s) still running %g s after the pool closed "
+                        "(a page that did not end): killed", len(busy), grace)  # fmt: skip

@@ -114,7 +114,7 @@ class SqliteFiles:
 
     async def close(self) -> None:
         """Close the database."""
-        self._database.close()
+        await asyncio.to_thread(self._database.close)  # its lock may wait on a statement
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
         return await self._database.run(work)

@@ -81,7 +81,7 @@ class SqliteIdempotency:
 
     async def close(self) -> None:
         """Close the connection."""
-        self._database.close()
+        await asyncio.to_thread(self._database.close)  # its lock may wait on a statement
 
     async def claim(self, owner: str, key: str, fingerprint: str, now: float) -> Record | None:
         """Read and claim in one write transaction (a duplicate on another process waits)."""

@@ -77,7 +77,7 @@ class SqliteResults:
 
     async def close(self) -> None:
         """Close the connection."""
-        self._database.close()
+        await asyncio.to_thread(self._database.close)  # its lock may wait on a statement
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
         return await self._database.run(work)

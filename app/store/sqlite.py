@@ -89,7 +89,7 @@ class SqliteStore:
 
     async def close(self) -> None:
         """Close the database and let go of the data dir."""
-        self._database.close()
+        await asyncio.to_thread(self._database.close)  # its lock may wait on a statement
         if self._owner_lock is not None:
             os.close(self._owner_lock)
             self._owner_lock = None

@@ -3,16 +3,23 @@ out of the gateway's process group, and workers that do not outlive a gateway ki
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
+import socket
+import struct
 import subprocess
+from collections.abc import AsyncIterator
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from app.documents.errors import DocumentError
-from app.documents.workers import ATTEMPTS, Preprocessor
+from app.documents.workers import ATTEMPTS, CLOSE_GRACE, Preprocessor
 from app.settings import Settings
 from tests.conftest import BACKEND_KEY, CLIENT_KEY, VENV_BIN, settings_for, wait_until_up
 from tests.support.documents import pdf
@@ -93,6 +100,62 @@ async def test_workers_run_behind_the_event_loop() -> None:
         assert await pool.run(os.nice, 0) == os.nice(0) + 10
     finally:
         pool.close()
+
+
+def never_ends(address: str) -> None:
+    """A fake page that never ends (a render stuck for ever): it connects to `address`, saying
+    it began, then waits for a byte that never comes."""
+    with socket.socket(socket.AF_UNIX) as line:
+        line.connect(address)
+        line.recv(1)
+
+
+@contextlib.asynccontextmanager
+async def stuck_page(
+    pool: Preprocessor, folder: Path
+) -> AsyncIterator[tuple[asyncio.Future[Any], socket.socket, int]]:
+    """A page that never ends running in `pool`: its future, the line its worker holds, and
+    that worker's pid."""
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(folder / "page"))
+        listener.listen()
+        listener.setblocking(False)
+        page = asyncio.ensure_future(pool.run(never_ends, str(folder / "page")))
+        line, _ = await asyncio.get_running_loop().sock_accept(listener)
+        with line:
+            credentials = line.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+            yield page, line, struct.unpack("3i", credentials)[0]
+
+
+async def test_close_kills_a_worker_still_on_a_page_that_never_ends(tmp_path: Path) -> None:
+    """A worker still on a page when the pool closes (its request gone, the page never ending)
+    is killed after CLOSE_GRACE and close returns (before: shutdown(wait=True) waited for the
+    page, for ever, and the gateway's stop with it)."""
+    pool = Preprocessor(1)
+    async with stuck_page(pool, tmp_path) as (page, line, pid):
+        page.cancel()  # the request is gone; its worker is not
+        with contextlib.suppress(asyncio.CancelledError):
+            await page
+        closing = asyncio.ensure_future(asyncio.to_thread(pool.close))
+        # the worker is gone (its end of the line closed), and close returns; the bounds are
+        # generous, to fail rather than hang on a close that waits for the page
+        received = asyncio.get_running_loop().sock_recv(line, 1)
+        assert await asyncio.wait_for(received, CLOSE_GRACE + 60) == b""
+        await asyncio.wait_for(closing, CLOSE_GRACE + 60)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped
+
+
+async def test_a_page_still_awaited_when_its_worker_is_killed_by_close_is_not_retried(
+    tmp_path: Path,
+) -> None:
+    """A page still awaited when close kills its worker fails (BrokenProcessPool) instead of
+    being tried again on a fresh pool that nothing would ever close, its page stuck again."""
+    pool = Preprocessor(1)
+    async with stuck_page(pool, tmp_path) as (page, _, _):
+        await asyncio.to_thread(pool.close)
+        with pytest.raises(BrokenProcessPool):
+            await asyncio.wait_for(page, 60)  # generous: a retried page never ends
 
 
 def descendants(root: int) -> dict[int, str]:
