@@ -1,4 +1,5 @@
-"""A chat request that asked for the loop guard (`X-OCRVL-Loop-Guard: on`, OCRVL_CHAT_LOOP_GUARD).
+"""A chat request that asked for the loop guard (`X-OCRVL-Loop-Guard: on`, OCRVL_CHAT_LOOP_GUARD;
+a batch's lines: app/batches/requests.py).
 
 Its answer is streamed from the engine and watched as a document's block is
 (app/documents/streams.py). Unstreamed, it is answered as one chat completion, cut at a loop.
@@ -33,9 +34,17 @@ async def answer(
     """The guarded answer: a chat completion, or (a streamed request) a GuardedStream."""
     if chat.stream:
         return GuardedStream(relay, chat, context)
-    reply = await streams.answer(relay, chat, context, receive, (LABEL, "cut"))
-    body = streams.completion(reply, context.served_model or chat.model, context.request_id)
+    body = await completion(relay, chat, context, receive)
     return Response(orjson.dumps(body), media_type="application/json")
+
+
+async def completion(
+    relay: Relay, chat: ChatRequest, context: RequestContext, receive: Receive
+) -> dict[str, Any]:
+    """An unstreamed request's guarded answer as OpenAI's chat completion (a batch line's too:
+    app/batches/requests.py), `loop` on it when it was stopped."""
+    reply = await streams.answer(relay, chat, context, receive, (LABEL, "cut"))
+    return streams.completion(reply, context.served_model or chat.model, context.request_id)
 
 
 class GuardedStream(Response):

@@ -179,7 +179,8 @@ class Settings(BaseSettings):
     chat_loop_guard: Literal["on", "off"] = Field(
         default="off",
         description="on: /v1/chat/completions answers (n 1) are watched by the loop guard too "
-        "(a request's X-OCRVL-Loop-Guard header says otherwise); off: relayed as they come.",
+        "(a request's X-OCRVL-Loop-Guard header says otherwise), and a batch's lines unless "
+        "the batch says; off: relayed as they come.",
     )
     layout_url: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

@@ -5,7 +5,9 @@ resolved through the same aliases (app/catalog.py), the request policy (app/poli
 images fetched under the media rules, images fitted; then the relay. What the gateway or the
 backend refuses becomes the line's answer with that status and OpenAI's error body, as OpenAI's
 error file shows it; a backend that cannot take the line now (full, or none healthy) is waited
-for and tried again, as a job's page is.
+for and tried again, as a job's page is. A line of a guarded batch (`guarded`: the batch's
+choice, else OCRVL_CHAT_LOOP_GUARD; app/routes/batches.py) is answered as a guarded unstreamed
+chat request is (app/repetition.py): cut at a loop, `finish_reason` "repetition" and `loop`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import orjson
 from starlette.types import Message
 
-from app import catalog, chat, policy
+from app import catalog, chat, policy, repetition
 from app.backends import BackendPool
 from app.batches.lines import Line, output_line
 from app.context import RequestContext
@@ -37,6 +39,7 @@ class Answer:
     failed: bool
     usage: dict[str, Any]
     model: str | None = None  # the served model, for the key's usage
+    stops: tuple[tuple[str, int], ...] = ()  # the loop guard's stop: (label, tokens avoided)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +59,11 @@ async def _never() -> Message:
     return {"type": "http.disconnect"}  # pragma: no cover (never reached)
 
 
-async def answer(chats: Chats, batch_id: str, owner: str, line: Line) -> Answer:
-    """The line's entry: its answer, the refusal as an error body, or why it is no request."""
+async def answer(
+    chats: Chats, batch_id: str, owner: str, line: Line, *, guarded: bool = False
+) -> Answer:
+    """The line's entry: its answer, the refusal as an error body, or why it is no request;
+    `guarded`: its answer is watched by the loop guard (one choice, `n` 1, only)."""
     request_id = f"{batch_id}-l{line.number}"
     if line.problem is not None:
         error = {"code": "invalid_request", "message": line.problem, "line": line.number}
@@ -65,7 +71,7 @@ async def answer(chats: Chats, batch_id: str, owner: str, line: Line) -> Answer:
     for delay in (*RETRY_DELAYS, None):
         context = RequestContext(request_id=request_id, key_name=owner)
         try:
-            status, body = await _ask(chats, orjson.dumps(line.body), context)
+            status, body = await _ask(chats, orjson.dumps(line.body), context, guarded)
         except TRANSIENT:
             if delay is None:
                 raise
@@ -76,11 +82,12 @@ async def answer(chats: Chats, batch_id: str, owner: str, line: Line) -> Answer:
             return Answer(entry, True, {})
         usage = body.get("usage") if isinstance(body, dict) else None
         entry = output_line(line.custom_id, status, request_id, body)
-        return Answer(entry, status >= 400, usage or {}, context.served_model)
+        stops = tuple(context.stops)
+        return Answer(entry, status >= 400, usage or {}, context.served_model, stops)
     raise AssertionError("unreachable")  # pragma: no cover (the last delay re-raises)
 
 
-async def _ask(chats: Chats, raw: bytes, context: RequestContext) -> tuple[int, Any]:
+async def _ask(chats: Chats, raw: bytes, context: RequestContext, guarded: bool) -> tuple[int, Any]:
     """The backend's status and body for the line's request."""
     parsed = chat.parse(raw)
     if parsed.stream:
@@ -92,5 +99,7 @@ async def _ask(chats: Chats, raw: bytes, context: RequestContext) -> tuple[int, 
     parsed = await chats.media.inline_chat(parsed)
     chats.images.check(parsed)
     parsed, context.images_resized = await chats.images.fit(parsed)
+    if guarded and parsed.pages == 1:  # as a live request's guard: one sequence only
+        return 200, await repetition.completion(chats.relay, parsed, context, _never)
     response = await chats.relay.complete(parsed, context.served_model, context, _never)
     return response.status_code, orjson.loads(bytes(response.body))

@@ -145,8 +145,12 @@ class BatchRunner(Runner):
         return expired
 
     async def _line(self, job: Job, line: Line) -> None:
-        """One line answered and kept (counted in the key's usage once, when it was answered)."""
-        done = await answer(self.chats, job.id, job.owner, line)
+        """One line answered and kept (counted in the key's usage once, when it was answered);
+        the loop guard watches it when the batch asked (`loop_guard`), else as
+        OCRVL_CHAT_LOOP_GUARD has a live chat request watched."""
+        guard = job.spec.get("loop_guard") or self._settings.chat_loop_guard
+        done = await answer(self.chats, job.id, job.owner, line, guarded=guard == "on")
+        self.events.metrics.count_stops("batches", list(done.stops))
         usage = done.usage
         record = PageRecord(
             line.number, done.line, done.failed, int(usage.get("prompt_tokens") or 0),

