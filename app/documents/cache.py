@@ -12,6 +12,10 @@ marked `cached`, with nothing sent anywhere. The key (SHA-256) is made of:
                                   max_tokens as sent
     PIPELINE_VERSION              bumped whenever the same input would be answered differently
 
+A laid-out page's hash is of its pixels, which the worker that renders them also keeps in a
+file for a miss to be laid out and cut from (app/documents/workers.py, `Held`), as a page
+read whole hands its rendered JPEG on: a miss is rasterised once, and a hit lets them go.
+
 Only pages that were answered whole are kept: a failed page, or a page with a block that
 failed, is read again next time. The store (app/store/results.py) is the job store's: SQLite
 in the data dir, or Redis for replicas. A cache that does not answer is a miss, never an error.
@@ -34,7 +38,7 @@ from app.documents.digests import laid_out_page, whole_page
 from app.documents.errors import DocumentError
 from app.documents.job import PROMPTS, OcrJob, PageResult
 from app.documents.raster import RenderedPage
-from app.documents.workers import Preprocessor
+from app.documents.workers import Held, Preprocessor
 from app.metrics import Metrics
 from app.store.results import ResultsCache
 
@@ -46,7 +50,9 @@ KEPT = (
     "text", "finish_reason", "usage", "html", "markdown", "blocks", "images", "empty",
     "spotting", "angle", "corrected", "size", "stopped", "loop",
 )  # fmt: skip
-Work = Callable[[RenderedPage | None], Awaitable[PageResult]]
+# the page's reading, given what hashing it rendered: the page read whole, or a laid-out page's
+# pixels (held for its layout page and its crops, so that a miss is rasterised once)
+Work = Callable[[RenderedPage | None, Held], Awaitable[PageResult]]
 
 
 def options_of(job: OcrJob, model_entry: dict[str, Any] | None) -> dict[str, Any]:
@@ -94,23 +100,22 @@ class PageCache:
         try:
             if job.layout is None:
                 digest, rendered = await preprocessor.run(whole_page, job.source, index)
-                image: str | None = rendered.url
+                image, held = rendered.url, Held()
             else:
                 rendered = None
-                digest, image = await preprocessor.run(
-                    laid_out_page, job.source, index, job.page_images
-                )
+                digest, image, held = await _laid_out(job, index, preprocessor)
         except DocumentError as exc:
             return PageResult(number, error=exc.as_gateway_error())
-        key = self.key(digest)
-        body = await self._get(key)
-        if body is not None:
-            self.metrics.cache_hits.inc()
-            found = answered(number, body)
-            found.image = image if job.page_images else None
-            return found
-        self.metrics.cache_misses.inc()
-        result = await work(rendered)
+        with held:  # a hit lets the pixels go; a miss's reading takes them
+            key = self.key(digest)
+            body = await self._get(key)
+            if body is not None:
+                self.metrics.cache_hits.inc()
+                found = answered(number, body)
+                found.image = image if job.page_images else None
+                return found
+            self.metrics.cache_misses.inc()
+            result = await work(rendered, held)
         if keepable(result):
             await self._put(key, kept(result))
         return result
@@ -127,6 +132,16 @@ class PageCache:
             await self.store.put(key, body, time.time())
         except Exception as exc:  # the answer goes out all the same
             log.warning("results cache %s: not written (%s)", self.store.where, exc)
+
+
+async def _laid_out(
+    job: OcrJob, index: int, preprocessor: Preprocessor
+) -> tuple[str, str | None, Held]:
+    """A laid-out page's hash, its JPEG when asked, and its pixels held for a miss to use."""
+    (digest, image), held = await preprocessor.keeping(
+        laid_out_page, job.source, index, job.page_images
+    )
+    return digest, image, held
 
 
 def keepable(result: PageResult) -> bool:
