@@ -14,7 +14,9 @@ marked `cached`, with nothing sent anywhere. The key (SHA-256) is made of:
 
 A laid-out page's hash is of its pixels, which the worker that renders them also keeps in a
 file for a miss to be laid out and cut from (app/documents/workers.py, `Held`), as a page
-read whole hands its rendered JPEG on: a miss is rasterised once, and a hit lets them go.
+read whole hands its rendered JPEG on: a miss is rasterised once, and a hit lets them go. After
+a hit, the document's next page keeps none (a document sent again: its hits pay nothing for a
+miss's sake, a miss among them is rendered again for its layout).
 
 Only pages that were answered whole are kept: a failed page, or a page with a block that
 failed, is read again next time. The store (app/store/results.py) is the job store's: SQLite
@@ -71,13 +73,16 @@ def options_of(job: OcrJob, model_entry: dict[str, Any] | None) -> dict[str, Any
     }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PageCache:
     """One document's view of the cache: its key's scope and its options, hashed once."""
 
     store: ResultsCache
     prefix: bytes  # the key's name and the options, as the start of every page's key
     metrics: Metrics  # ocrvl_cache_hits_total, ocrvl_cache_misses_total
+    # the document's last page looked up was a hit: its next page is likely one too (a document
+    # sent again), so its hash keeps no pixels for a miss's reading, which a hit pays ~3 ms for
+    hit_last: bool = False
 
     @classmethod
     def scoped(
@@ -103,12 +108,14 @@ class PageCache:
                 image, held = rendered.url, Held()
             else:
                 rendered = None
-                digest, image, held = await _laid_out(job, index, preprocessor)
+                keep = not self.hit_last
+                digest, image, held = await _laid_out(job, index, preprocessor, keep)
         except DocumentError as exc:
             return PageResult(number, error=exc.as_gateway_error())
         with held:  # a hit lets the pixels go; a miss's reading takes them
             key = self.key(digest)
             body = await self._get(key)
+            self.hit_last = body is not None
             if body is not None:
                 self.metrics.cache_hits.inc()
                 found = answered(number, body)
@@ -135,12 +142,15 @@ class PageCache:
 
 
 async def _laid_out(
-    job: OcrJob, index: int, preprocessor: Preprocessor
+    job: OcrJob, index: int, preprocessor: Preprocessor, keep: bool
 ) -> tuple[str, str | None, Held]:
-    """A laid-out page's hash, its JPEG when asked, and its pixels held for a miss to use."""
-    (digest, image), held = await preprocessor.keeping(
-        laid_out_page, job.source, index, job.page_images
-    )
+    """A laid-out page's hash, its JPEG when asked, and (`keep`) its pixels held for a miss's
+    reading: without them, a miss renders the page again for its layout."""
+    args = (laid_out_page, job.source, index, job.page_images)
+    if not keep:
+        (digest, image), _ = await preprocessor.run(*args)
+        return digest, image, Held()
+    (digest, image), held = await preprocessor.keeping(*args)
     return digest, image, held
 
 

@@ -20,7 +20,7 @@ from tests.documents.test_cache import gateway, uncached
 from tests.documents.test_layout_gateway import services
 from tests.jobs.test_api import until_ended
 from tests.support.documents import pdf
-from tests.support.rasterising import counting, rasterisings
+from tests.support.rasterising import counting, logged, rasterisings
 
 pytestmark = pytest.mark.anyio
 PAGES = 2
@@ -59,6 +59,25 @@ async def test_a_laid_out_page_that_misses_the_cache_is_rasterised_once(
     assert (missed, hit) == (ONCE, ONCE)
     assert len(layout.seen) == PAGES
     assert uncached(again.json()) == first.json()
+
+
+async def test_after_a_hit_the_documents_next_page_keeps_no_pixels(
+    tmp_path: Path, log: Path
+) -> None:
+    """A document sent again (one page at a time): its first page keeps its pixels for a miss
+    that does not come, the pages after a hit keep none (a hit pays nothing more than its hash);
+    the first reading kept every page's."""
+    document = {"file": ("doc.pdf", pdf(3), "application/pdf")}
+    with services() as (fake, layout):
+        async with gateway(fake, tmp_path, layout_url=layout.url, ocr_page_concurrency=1) as client:
+            await client.post("/v1/ocr", files=document)
+            first = logged(log)
+            again = await client.post("/v1/ocr", files=document)
+            hits = logged(log)
+    assert again.headers["x-ocrvl-cache"] == "hit"
+    once = Counter({("page_image", i): 1 for i in range(3)})
+    assert first == once + Counter({("kept", -1): 3})
+    assert hits == once + Counter({("kept", -1): 1})
 
 
 async def test_with_the_cache_off_a_laid_out_page_is_rasterised_once(
