@@ -87,9 +87,11 @@ def layout_page(
     return _layout_page(page, lossless), raster.Pixels.kept(page, keep)
 
 
-def layout_page_of(pixels: raster.Pixels, lossless: bool = False) -> LayoutPage:
+def layout_page_of(
+    source: raster.Source, index: int, pixels: raster.Pixels, lossless: bool = False
+) -> LayoutPage:
     """`layout_page` of pixels already rendered (the results cache's hash rendered them)."""
-    return _layout_page(pixels.image(), lossless)
+    return _layout_page(pixels.image(source, index), lossless)
 
 
 def _layout_page(page: Image.Image, lossless: bool) -> LayoutPage:
@@ -143,7 +145,7 @@ def prepare(
 def _page(source: raster.Source, index: int, cut_from: str | raster.Pixels | None) -> Image.Image:
     if isinstance(cut_from, str):
         return _opened(cut_from)
-    return cut_from.image() if cut_from is not None else raster.page_image(source, index)
+    return cut_from.image(source, index) if cut_from else raster.page_image(source, index)
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,7 +106,7 @@ async def _planned(
                 crops.layout_page, job.source, index, lossless
             )
         else:
-            page = await run(crops.layout_page_of, mine.pixels, lossless)
+            page = await run(crops.layout_page_of, job.source, index, mine.pixels, lossless)
         found = await tools.layouts.locate(
             page.url, (page.width, page.height), job.layout, request_id
         )

@@ -124,10 +124,15 @@ class Pixels:
             return None
         return cls(path, image.width, image.height)
 
-    def image(self) -> Image.Image:
-        """The page again, as `page_image` gave it."""
-        with open(self.path, "rb") as file:
-            return Image.frombytes("RGB", (self.width, self.height), file.read())
+    def image(self, source: Source, index: int) -> Image.Image:
+        """The page again, as `page_image` gave it; rendered again if its file has gone (by
+        another gateway's hand: one that took this one's folder for a dead gateway's)."""
+        try:
+            with open(self.path, "rb") as file:
+                data = file.read()
+        except FileNotFoundError:
+            return page_image(source, index)
+        return Image.frombytes("RGB", (self.width, self.height), data)
 
 
 def inspect(source: Source, selection: PageSelection | None, max_pages: int) -> list[int]:

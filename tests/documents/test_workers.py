@@ -178,7 +178,8 @@ async def test_held_pixels_are_the_pages_own_counted_until_their_owner_lets_them
 ) -> None:
     """A laid-out page's pixels, kept by the worker that rendered it: the very pixels
     `page_image` renders, counted while held, owned by one holder at a time; the file and the
-    count go when the last owner closes them, the folder with the pool."""
+    count go when the last owner closes them (pixels whose file has gone render the page
+    again), the folder with the pool."""
     source = a_page(tmp_path)
     pool = Preprocessor(1)
     try:
@@ -191,8 +192,10 @@ async def test_held_pixels_are_the_pages_own_counted_until_their_owner_lets_them
             assert (pixels.width, pixels.height) == (page.width, page.height) == (1240, 1754)
             assert pool.held == pixels.size == 1240 * 1754 * 3
             assert os.listdir(pool.folder) == [os.path.basename(pixels.path)]
-            assert pixels.image().tobytes() == raster.page_image(source, 0).tobytes()
+            assert pixels.image(source, 0).tobytes() == raster.page_image(source, 0).tobytes()
         assert (pool.held, os.listdir(pool.folder)) == (0, [])
+        rendered = raster.page_image(source, 0).tobytes()
+        assert pixels.image(source, 0).tobytes() == rendered  # its file gone: rendered again
     finally:
         pool.close()
     with pytest.raises(FileNotFoundError):
