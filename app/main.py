@@ -173,7 +173,9 @@ async def open_gateway(
     every, timeout = settings.metrics_interval, settings.connect_timeout
     background(stack, scheduler.watch(client, auth_header, every, timeout))
     relay = relay_for(settings, pool, scheduler, backend_key, stack, metering=meter is not None)
-    documents = Preprocessor(settings.preprocess_workers)  # workers start on first use
+    documents = Preprocessor(  # workers start on first use
+        settings.preprocess_workers, settings.preprocess_held_bytes
+    )
     stack.push_async_callback(asyncio.to_thread, documents.close)
     media = MediaPolicy(settings)
     stack.push_async_callback(media.aclose)

@@ -152,6 +152,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Processes that rasterise, resize and encode pages (default cores - 1).",
     )
+    preprocess_held_bytes: int = Field(
+        default=128 * MiB,
+        ge=0,
+        description="Bytes of laid-out pages' pixels kept in the temp folder from a page's "
+        "rasterising until its blocks are cut (all documents); a page past it is rendered twice.",
+    )
     ocr_page_concurrency: int = Field(
         default=8, gt=0, description="Pages of one /v1/ocr request in flight at once."
     )

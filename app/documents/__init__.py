@@ -5,7 +5,8 @@ sniff       what the bytes are (magic numbers only; safe on the event loop)
 selection   the `pages` option ("1-3,7") and its resolution against a page count
 raster      runs in the worker processes: PDF pages (pypdfium2), images (Pillow), bomb checks
 resize      PaddleOCR-VL's `smart_resize`, EXIF orientation, RGB, encoding
-workers     the process pool the lifespan owns (OCRVL_PREPROCESS_WORKERS)
+workers     the process pool the lifespan owns (OCRVL_PREPROCESS_WORKERS), and the laid-out
+            pages' pixels it holds between their worker calls (OCRVL_PREPROCESS_HELD_BYTES)
 job         what to read (OcrJob) and each page's answer (PageResult): fanout and parsing share them
 fanout      pages to the backends through the same relay as chat, bounded per request
 digests     runs in the worker processes: a page's content hash, for the results cache

@@ -12,6 +12,12 @@ marked `cached`, with nothing sent anywhere. The key (SHA-256) is made of:
                                   max_tokens as sent
     PIPELINE_VERSION              bumped whenever the same input would be answered differently
 
+A laid-out page's hash is of its pixels, which the worker that renders them also keeps in a
+file for a miss to be laid out and cut from (app/documents/workers.py, `Held`), as a page
+read whole hands its rendered JPEG on: a miss is rasterised once, and a hit lets them go. After
+a hit, the document's next page keeps none (a document sent again: its hits pay nothing for a
+miss's sake, a miss among them is rendered again for its layout).
+
 Only pages that were answered whole are kept: a failed page, or a page with a block that
 failed, is read again next time. The store (app/store/results.py) is the job store's: SQLite
 in the data dir, or Redis for replicas. A cache that does not answer is a miss, never an error.
@@ -34,7 +40,7 @@ from app.documents.digests import laid_out_page, whole_page
 from app.documents.errors import DocumentError
 from app.documents.job import PROMPTS, OcrJob, PageResult
 from app.documents.raster import RenderedPage
-from app.documents.workers import Preprocessor
+from app.documents.workers import Held, Preprocessor
 from app.metrics import Metrics
 from app.store.results import ResultsCache
 
@@ -46,7 +52,9 @@ KEPT = (
     "text", "finish_reason", "usage", "html", "markdown", "blocks", "images", "empty",
     "spotting", "angle", "corrected", "size", "stopped", "loop",
 )  # fmt: skip
-Work = Callable[[RenderedPage | None], Awaitable[PageResult]]
+# the page's reading, given what hashing it rendered: the page read whole, or a laid-out page's
+# pixels (held for its layout page and its crops, so that a miss is rasterised once)
+Work = Callable[[RenderedPage | None, Held], Awaitable[PageResult]]
 
 
 def options_of(job: OcrJob, model_entry: dict[str, Any] | None) -> dict[str, Any]:
@@ -65,13 +73,16 @@ def options_of(job: OcrJob, model_entry: dict[str, Any] | None) -> dict[str, Any
     }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PageCache:
     """One document's view of the cache: its key's scope and its options, hashed once."""
 
     store: ResultsCache
     prefix: bytes  # the key's name and the options, as the start of every page's key
     metrics: Metrics  # ocrvl_cache_hits_total, ocrvl_cache_misses_total
+    # the document's last page looked up was a hit: its next page is likely one too (a document
+    # sent again), so its hash keeps no pixels for a miss's reading, which a hit pays ~3 ms for
+    hit_last: bool = False
 
     @classmethod
     def scoped(
@@ -94,23 +105,24 @@ class PageCache:
         try:
             if job.layout is None:
                 digest, rendered = await preprocessor.run(whole_page, job.source, index)
-                image: str | None = rendered.url
+                image, held = rendered.url, Held()
             else:
                 rendered = None
-                digest, image = await preprocessor.run(
-                    laid_out_page, job.source, index, job.page_images
-                )
+                keep = not self.hit_last
+                digest, image, held = await _laid_out(job, index, preprocessor, keep)
         except DocumentError as exc:
             return PageResult(number, error=exc.as_gateway_error())
-        key = self.key(digest)
-        body = await self._get(key)
-        if body is not None:
-            self.metrics.cache_hits.inc()
-            found = answered(number, body)
-            found.image = image if job.page_images else None
-            return found
-        self.metrics.cache_misses.inc()
-        result = await work(rendered)
+        with held:  # a hit lets the pixels go; a miss's reading takes them
+            key = self.key(digest)
+            body = await self._get(key)
+            self.hit_last = body is not None
+            if body is not None:
+                self.metrics.cache_hits.inc()
+                found = answered(number, body)
+                found.image = image if job.page_images else None
+                return found
+            self.metrics.cache_misses.inc()
+            result = await work(rendered, held)
         if keepable(result):
             await self._put(key, kept(result))
         return result
@@ -127,6 +139,19 @@ class PageCache:
             await self.store.put(key, body, time.time())
         except Exception as exc:  # the answer goes out all the same
             log.warning("results cache %s: not written (%s)", self.store.where, exc)
+
+
+async def _laid_out(
+    job: OcrJob, index: int, preprocessor: Preprocessor, keep: bool
+) -> tuple[str, str | None, Held]:
+    """A laid-out page's hash, its JPEG when asked, and (`keep`) its pixels held for a miss's
+    reading: without them, a miss renders the page again for its layout."""
+    args = (laid_out_page, job.source, index, job.page_images)
+    if not keep:
+        (digest, image), _ = await preprocessor.run(*args)
+        return digest, image, Held()
+    (digest, image), held = await preprocessor.keeping(*args)
+    return digest, image, held
 
 
 def keepable(result: PageResult) -> bool:

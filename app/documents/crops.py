@@ -1,16 +1,19 @@
 """A page's blocks cut out for the model: runs in the worker processes, never on the event loop.
 
-    layout_page(source, index)                the page at full resolution for the layout service
+    layout_page(source, index, …)             the page at full resolution for the layout service,
+                                              and its pixels for `prepare`
     prepare(source, index, boxes, options, …) every block: its crop (polygon-masked), merged with
                                               its neighbours, margins trimmed (formulas), figures
                                               in tables tokenized, guarded, JPEG-encoded; and
                                               the page's figure images
 
-The page is rendered again for `prepare` rather than carried between the two calls: a 144-dpi
-A4 page is 6 MB of pixels, and pages wait for the layout service meanwhile. Crops go to the
-model as PaddleX sends them (a Pillow JPEG at Pillow's default quality, at the crop's own size,
-with the pixel bounds in `mm_processor_kwargs`), so that the engine sees the very pixels it would
-see behind PaddleX's pipeline. Each step names the PaddleX function it mirrors.
+The page is rasterised once: the worker that renders it keeps its pixels in a file (6 MB for
+a 144-dpi A4 page) for `prepare`, while the page waits for the layout service; the gateway
+holds at most OCRVL_PREPROCESS_HELD_BYTES of them (app/documents/workers.py), and a page past
+that is rendered again for `prepare`.
+Crops go to the model as PaddleX sends them (a Pillow JPEG at Pillow's default quality, at the
+crop's own size, with the pixel bounds in `mm_processor_kwargs`), so that the engine sees the
+very pixels it would see behind PaddleX's pipeline. Each step names the PaddleX function it mirrors.
 """
 
 from __future__ import annotations
@@ -73,11 +76,25 @@ class PagePlan:
     images: dict[str, str]  # markdown path -> JPEG data URL (empty unless asked for)
 
 
-def layout_page(source: raster.Source, index: int, lossless: bool = False) -> LayoutPage:
+def layout_page(
+    source: raster.Source, index: int, lossless: bool = False, keep: raster.Keep | None = None
+) -> tuple[LayoutPage, raster.Pixels | None]:
     """The page at full resolution as a JPEG data URL (coordinates come back in its pixels);
     `lossless`: a PNG, for a page the service sends back corrected, whose blocks are then cut
-    from what it sent back (so they are the page's own pixels, as PaddleX cuts them)."""
+    from what it sent back (so they are the page's own pixels, as PaddleX cuts them). With it,
+    its pixels kept under `keep`: `prepare` cuts the blocks from them."""
     page = raster.page_image(source, index)
+    return _layout_page(page, lossless), raster.Pixels.kept(page, keep)
+
+
+def layout_page_of(
+    source: raster.Source, index: int, pixels: raster.Pixels, lossless: bool = False
+) -> LayoutPage:
+    """`layout_page` of pixels already rendered (the results cache's hash rendered them)."""
+    return _layout_page(pixels.image(source, index), lossless)
+
+
+def _layout_page(page: Image.Image, lossless: bool) -> LayoutPage:
     fmt = "PNG" if lossless else "JPEG"
     url = resize.data_url(resize.encode(page, fmt), fmt)
     return LayoutPage(url, page.width, page.height)
@@ -101,11 +118,12 @@ def prepare(
     index: int,
     boxes: Sequence[Box],
     options: LayoutOptions,
-    corrected: str | None = None,
+    cut_from: str | raster.Pixels | None = None,
 ) -> PagePlan:
-    """Every block of page `index` under the layout `boxes` (the service's, in reading order);
-    cut from `corrected` (a data URL) when the layout service turned or flattened the page."""
-    page = _opened(corrected) if corrected is not None else raster.page_image(source, index)
+    """Every block of page `index` under the layout `boxes` (the service's, in reading order),
+    cut from `cut_from`: the page the layout service turned or flattened (its data URL), the
+    pixels its layout page was made from, or (None) the page rendered again."""
+    page = _page(source, index, cut_from)
     kept = blocks.filter_overlaps(boxes, options.shape_mode)
     cuts = _Cuts(
         page, kept, [cut(page, box, options.shape_mode) for box in kept],
@@ -122,6 +140,12 @@ def prepare(
         block.dropped = block.image_path is not None and block.image_path in dropped
     images = _images(cuts, planned, slots) if options.images else {}
     return PagePlan(page.width, page.height, planned, images)
+
+
+def _page(source: raster.Source, index: int, cut_from: str | raster.Pixels | None) -> Image.Image:
+    if isinstance(cut_from, str):
+        return _opened(cut_from)
+    return cut_from.image(source, index) if cut_from else raster.page_image(source, index)
 
 
 @dataclass(frozen=True, slots=True)

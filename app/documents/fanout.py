@@ -26,7 +26,7 @@ from app.documents.job import PROMPTS, OcrJob, PageResult
 from app.documents.layouts import LayoutService
 from app.documents.parsing import BLOCK_MAX_TOKENS, Pipeline, parse_page
 from app.documents.raster import RenderedPage
-from app.documents.workers import Preprocessor
+from app.documents.workers import Held, Preprocessor
 from app.errors import ClientClosed, GatewayError
 from app.guard import until_disconnected
 from app.proxy import Relay
@@ -82,12 +82,14 @@ async def run_pages(
             if disconnect.gone.is_set():
                 return PageResult(index + 1, error=ClientClosed("the client closed the connection"))
             if cache is not None:
-                return await cache.page(job, index, preprocessor, lambda seen: read(index, seen))
-            return await read(index, None)
+                return await cache.page(
+                    job, index, preprocessor, lambda seen, held: read(index, seen, held)
+                )
+            return await read(index, None, None)
 
-    async def read(index: int, rendered: RenderedPage | None) -> PageResult:
+    async def read(index: int, rendered: RenderedPage | None, held: Held | None) -> PageResult:
         if pipeline is not None:
-            return await parse_page(job, index, pipeline, parent, disconnect.receive)
+            return await parse_page(job, index, pipeline, parent, disconnect.receive, held=held)
         return await _page(
             job,
             index,

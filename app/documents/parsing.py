@@ -22,12 +22,12 @@ from starlette.types import Receive
 from app.chat import ChatRequest
 from app.context import RequestContext
 from app.documents import crops, markdown, streams
-from app.documents.crops import PagePlan, PlannedBlock
+from app.documents.crops import LayoutPage, PagePlan, PlannedBlock
 from app.documents.errors import DocumentError
 from app.documents.job import NO_BLOCKS, OcrJob, PageResult
-from app.documents.layouts import LayoutService
+from app.documents.layouts import LayoutService, Located
 from app.documents.markdown import BlockAnswer
-from app.documents.workers import Preprocessor
+from app.documents.workers import Held, Preprocessor
 from app.errors import ClientClosed, GatewayError
 from app.proxy import Relay
 
@@ -50,21 +50,22 @@ class Pipeline:
 
 
 async def parse_page(
-    job: OcrJob, index: int, tools: Pipeline, parent: RequestContext, receive: Receive
+    job: OcrJob,
+    index: int,
+    tools: Pipeline,
+    parent: RequestContext,
+    receive: Receive,
+    *,
+    held: Held | None = None,
 ) -> PageResult:
-    """Page `index` of `job` read block by block; its error in the result when it failed."""
+    """Page `index` of `job` read block by block; its error in the result when it failed.
+    `held`: its pixels, when the results cache's hash has rendered it already."""
     number = index + 1
     try:
         assert job.layout is not None  # noqa: S101 (the caller's choice of pipeline)
-        lossless = job.layout.preprocessing
-        page = await tools.preprocessor.run(crops.layout_page, job.source, index, lossless)
-        found = await tools.layouts.locate(
-            page.url, (page.width, page.height), job.layout, f"{parent.request_id}-p{number}"
-        )
+        request_id = f"{parent.request_id}-p{number}"
+        page, found, plan = await _planned(job, index, tools, held, request_id)
         boxes = found.boxes
-        plan: PagePlan = await tools.preprocessor.run(
-            crops.prepare, job.source, index, boxes, job.layout, found.image
-        )
         replies, first_error = await _read_blocks(job, number, plan, tools, (parent, receive))
         parsed: markdown.Parsed = await tools.preprocessor.run(
             markdown.assemble, plan, replies, job.layout
@@ -88,6 +89,34 @@ async def parse_page(
         empty=None if parsed.blocks else NO_BLOCKS,
         angle=found.angle, corrected=found.image, size=found.size,
     )  # fmt: skip
+
+
+async def _planned(
+    job: OcrJob, index: int, tools: Pipeline, held: Held | None, request_id: str
+) -> tuple[LayoutPage, Located, PagePlan]:
+    """The page for the layout service, its layout and its blocks cut, the page rasterised
+    once: its pixels are held (the cache's hash's, else the layout page's) until it is cut.
+    Held none (past OCRVL_PREPROCESS_HELD_BYTES), `prepare` renders it again."""
+    assert job.layout is not None  # noqa: S101 (the caller's choice of pipeline)
+    run, lossless = tools.preprocessor.run, job.layout.preprocessing
+    mine = held.take() if held is not None else Held()
+    try:
+        if mine.pixels is None:
+            page, mine = await tools.preprocessor.keeping(
+                crops.layout_page, job.source, index, lossless
+            )
+        else:
+            page = await run(crops.layout_page_of, job.source, index, mine.pixels, lossless)
+        found = await tools.layouts.locate(
+            page.url, (page.width, page.height), job.layout, request_id
+        )
+        plan = await run(
+            crops.prepare, job.source, index, found.boxes, job.layout,
+            found.image or mine.pixels,  # a page the service corrected is cut from its own
+        )  # fmt: skip
+    finally:
+        mine.close()
+    return page, found, plan
 
 
 async def _read_blocks(

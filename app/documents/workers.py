@@ -21,12 +21,17 @@ its pipe has gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import multiprocessing
 import os
 import select
+import shutil
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -41,6 +46,8 @@ PARENT_POLL = 1.0  # seconds between looks at the parent where there is no pidfd
 ATTEMPTS = 3  # tries of a task whose worker dies before it is reported as the file's fault
 CLOSE_GRACE = 1.0  # seconds a worker's page may still take once the pool closes; then killed
 KILL_WAIT = 1.0  # seconds to wait for a killed worker (or the pool's thread) to be gone
+HELD_BYTES = 128 * 1024 * 1024  # OCRVL_PREPROCESS_HELD_BYTES's default
+PIXELS_FOLDER = "ocrvl-pixels-"  # then the gateway's pid: ocrvl-pixels-<pid>-<random>
 
 
 def worker_started(parent: int) -> None:
@@ -68,11 +75,51 @@ def _exit_with(parent: int) -> None:
     os._exit(0)  # no cleanup: the pool it served is gone
 
 
-class Preprocessor:
-    """Runs `raster` functions in worker processes; a crashed pool is replaced, not fatal."""
+class Held:
+    """A page's pixels kept in a file for the gateway, and their one owner: whoever `take`s
+    them owns them next; the owner lets them go (`close`, or a `with` block): the file deleted,
+    its bytes no longer counted."""
 
-    def __init__(self, workers: int) -> None:
+    __slots__ = ("_free", "pixels")
+
+    def __init__(
+        self, pixels: raster.Pixels | None = None, free: Callable[[], None] | None = None
+    ) -> None:
+        self.pixels, self._free = pixels, free
+
+    def take(self) -> Held:
+        """The pixels, now the taker's to close (none left here)."""
+        taken = Held(self.pixels, self._free)
+        self.pixels, self._free = None, None
+        return taken
+
+    def close(self) -> None:
+        """Let the pixels go (nothing when taken or none)."""
+        if self._free is not None:
+            self._free()
+        self.pixels, self._free = None, None
+
+    def __enter__(self) -> Held:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class Preprocessor:
+    """Runs `raster` functions in worker processes; a crashed pool is replaced, not fatal.
+
+    It also holds laid-out pages' pixels between their worker calls (from the rasterising to
+    the cutting of the blocks, `keeping`), in files of a folder of its own, at most
+    `held_bytes` of them (all documents together): a page past it is rasterised again for its
+    blocks. A file goes when its owner closes its `Held`, and the folder on `close`.
+    """
+
+    def __init__(self, workers: int, held_bytes: int = HELD_BYTES) -> None:
         self.workers = workers
+        self.held_bytes = held_bytes
+        self.held = 0  # bytes of pixels held now
+        self.folder = _pixels_folder()
         self._pool = self._new_pool()
         self._closed = False
 
@@ -97,6 +144,32 @@ class Preprocessor:
         """One page ready for the model (see `raster.render`)."""
         page: raster.RenderedPage = await self.run(raster.render, source, index)
         return page
+
+    async def keeping(self, function: Any, *args: Any) -> tuple[Any, Held]:
+        """`function(*args, keep)` in a worker, which returns (what it made, the page's pixels
+        kept under `keep` or None): what it made, and the pixels held."""
+        keep = raster.Keep(self.folder, max(self.held_bytes - self.held, 0))
+        task = asyncio.ensure_future(self.run(function, *args, keep))
+        try:
+            made, pixels = await asyncio.shield(task)
+        except asyncio.CancelledError:  # the worker goes on: what it keeps is for nobody
+            task.add_done_callback(_discard)
+            raise
+        return made, self._hold(pixels)
+
+    def _hold(self, pixels: raster.Pixels | None) -> Held:
+        """`pixels` counted until their owner lets them go; past `held_bytes`, none."""
+        if pixels is None:
+            return Held()
+        if self.held + pixels.size > self.held_bytes:  # others were held meanwhile
+            _delete(pixels.path)
+            return Held()
+        self.held += pixels.size
+        return Held(pixels, functools.partial(self._freed, pixels.path, pixels.size))
+
+    def _freed(self, path: str, size: int) -> None:
+        _delete(path)
+        self.held -= size
 
     async def run(self, function: Any, *args: Any) -> Any:
         """`function(*args)` in a worker, tried again on a fresh pool if its worker dies;
@@ -123,10 +196,11 @@ class Preprocessor:
             broken.shutdown(wait=False, cancel_futures=True)
 
     def close(self, grace: float = CLOSE_GRACE) -> None:
-        """Stop the workers: pending pages are cancelled, and a worker still busy after `grace`
-        seconds is killed. By then the requests have drained and the jobs were handed back, so
-        its page is one nobody waits for; `shutdown(wait=True)` waited for it, for ever if it
-        never ended (a page that never renders), and the gateway's stop with it."""
+        """Stop the workers: pending pages are cancelled, held pixels deleted, and a worker still
+        busy after `grace` seconds is killed. By then the requests have drained and the jobs
+        were handed back, so its page is one nobody waits for; `shutdown(wait=True)` waited for
+        it, for ever if it never ended (a page that never renders), and the gateway's stop with
+        it."""
         self._closed = True
         pool = self._pool
         workers = list((pool._processes or {}).values())  # gone from the pool once shut down
@@ -145,3 +219,31 @@ class Preprocessor:
         if busy:
             log.warning("%d preprocessing worker(s) still running %g s after the pool closed "
                         "(a page that did not end): killed", len(busy), grace)  # fmt: skip
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _pixels_folder() -> str:
+    """A folder of this gateway's own in the temp folder, for the pixels it holds; those that
+    gateways killed outright left behind (their process gone) deleted first."""
+    base = tempfile.gettempdir()
+    for name in os.listdir(base):
+        parts = name.split("-")
+        if name.startswith(PIXELS_FOLDER) and len(parts) == 4 and parts[2].isdigit():
+            try:
+                os.kill(int(parts[2]), 0)
+            except ProcessLookupError:
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+            except PermissionError:  # another user's, alive
+                pass
+    return tempfile.mkdtemp(prefix=f"{PIXELS_FOLDER}{os.getpid()}-", dir=base)
+
+
+def _discard(task: asyncio.Future[Any]) -> None:
+    """The file a worker kept for a page whose reading was cancelled meanwhile."""
+    if not task.cancelled() and task.exception() is None and task.result()[1] is not None:
+        _delete(task.result()[1].path)
+
+
+def _delete(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):  # the folder went with the pool
+        os.unlink(path)

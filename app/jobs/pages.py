@@ -27,7 +27,7 @@ from app.documents.layout_options import LayoutOptions
 from app.documents.layouts import LayoutService
 from app.documents.parsing import Pipeline, parse_page
 from app.documents.raster import RenderedPage, Source
-from app.documents.workers import Preprocessor
+from app.documents.workers import Held, Preprocessor
 from app.errors import BackendUnavailable, GatewayError, Overloaded
 from app.jobs.events import JobEvents
 from app.proxy import Relay
@@ -134,25 +134,30 @@ async def _page(work: PageWork, index: int) -> None:
 async def _read(work: PageWork, index: int, context: RequestContext) -> PageResult:
     """The page from the cache, else read."""
     if work.cache is None:
-        return await _read_now(work, index, context, None)
+        return await _read_now(work, index, context, None, None)
     return await work.cache.page(
-        work.ocr, index, work.preprocessor, lambda seen: _read_now(work, index, context, seen)
-    )
+        work.ocr, index, work.preprocessor,
+        lambda seen, held: _read_now(work, index, context, seen, held),
+    )  # fmt: skip
 
 
 async def _read_now(
-    work: PageWork, index: int, context: RequestContext, rendered: RenderedPage | None
+    work: PageWork,
+    index: int,
+    context: RequestContext,
+    rendered: RenderedPage | None,
+    held: Held | None,
 ) -> PageResult:
     """The page's answer, or its error (transient ones raised, to be tried again: with a
-    layout, the whole page again, its layout service's 503 included); `rendered`: the page,
-    when the cache has rendered it."""
+    layout, the whole page again, its layout service's 503 included); `rendered` (read whole)
+    or `held` (laid out): the page, when the cache has rendered it."""
     number = index + 1
     if work.ocr.layout is not None and work.layouts is not None:
         blocks = work.blocks or asyncio.Semaphore(1)
         pipeline = Pipeline(
             work.preprocessor, work.relay, work.layouts, blocks, transient=TRANSIENT
         )
-        return await parse_page(work.ocr, index, pipeline, context, _never)
+        return await parse_page(work.ocr, index, pipeline, context, _never, held=held)
     try:
         rendered = rendered or await work.preprocessor.render(work.ocr.source, index)
         guard = (work.ocr.task, work.ocr.loops)

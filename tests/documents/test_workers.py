@@ -1,5 +1,6 @@
 """The preprocessing pool: its size, surviving a worker that dies (its tasks tried again), workers
-out of the gateway's process group, and workers that do not outlive a gateway killed outright."""
+out of the gateway's process group, workers that do not outlive a gateway killed outright, and
+the laid-out pages' pixels it holds between worker calls (counted, deleted)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import socket
 import struct
 import subprocess
+import tempfile
 from collections.abc import AsyncIterator
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -18,7 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
+from app.documents import crops, raster
 from app.documents.errors import DocumentError
+from app.documents.sniff import PDF
 from app.documents.workers import ATTEMPTS, CLOSE_GRACE, Preprocessor
 from app.settings import Settings
 from tests.conftest import BACKEND_KEY, CLIENT_KEY, VENV_BIN, settings_for, wait_until_up
@@ -222,3 +226,95 @@ def test_kill_9_of_the_gateway_leaves_no_worker_behind(fake: FakeVLLM, tmp_path:
             gateway.wait()
         for pid in wait_gone(list(children), timeout=0):  # none, unless it failed: by pid
             os.kill(pid, signal.SIGKILL)
+
+
+def a_page(tmp_path: Path) -> raster.Source:
+    """A one-page PDF (1,240 x 1,754 px at 144 dpi: 6.5 MB of pixels)."""
+    path = tmp_path / "doc.pdf"
+    path.write_bytes(pdf(1))
+    return raster.Source(str(path), PDF, 144, 112_896, 1_003_520, 60_000_000)
+
+
+async def test_held_pixels_are_the_pages_own_counted_until_their_owner_lets_them_go(
+    tmp_path: Path,
+) -> None:
+    """A laid-out page's pixels, kept by the worker that rendered it: the very pixels
+    `page_image` renders, counted while held, owned by one holder at a time; the file and the
+    count go when the last owner closes them (pixels whose file has gone render the page
+    again), the folder with the pool."""
+    source = a_page(tmp_path)
+    pool = Preprocessor(1)
+    try:
+        page, held = await pool.keeping(crops.layout_page, source, 0, False)
+        with held.take() as mine:
+            assert (held.pixels, mine.pixels) == (None, mine.pixels)
+            held.close()  # taken: no longer its to let go
+            pixels = mine.pixels
+            assert pixels is not None
+            assert (pixels.width, pixels.height) == (page.width, page.height) == (1240, 1754)
+            assert pool.held == pixels.size == 1240 * 1754 * 3
+            assert os.listdir(pool.folder) == [os.path.basename(pixels.path)]
+            assert pixels.image(source, 0).tobytes() == raster.page_image(source, 0).tobytes()
+        assert (pool.held, os.listdir(pool.folder)) == (0, [])
+        rendered = raster.page_image(source, 0).tobytes()
+        assert pixels.image(source, 0).tobytes() == rendered  # its file gone: rendered again
+    finally:
+        pool.close()
+    with pytest.raises(FileNotFoundError):
+        os.listdir(pool.folder)
+
+
+async def test_pixels_past_the_held_bytes_are_not_kept(tmp_path: Path) -> None:
+    """A page whose pixels would take the held count past OCRVL_PREPROCESS_HELD_BYTES keeps
+    none (its layout page is made all the same)."""
+    pool = Preprocessor(1, held_bytes=1240 * 1754 * 3 - 1)
+    try:
+        page, held = await pool.keeping(crops.layout_page, a_page(tmp_path), 0, False)
+        assert page.url.startswith("data:image/jpeg;base64,")
+        assert (held.pixels, pool.held, os.listdir(pool.folder)) == (None, 0, [])
+    finally:
+        pool.close()
+
+
+async def test_pixels_kept_for_a_reading_cancelled_meanwhile_are_deleted(tmp_path: Path) -> None:
+    """A page cancelled (its client gone) while its worker renders it: what the worker keeps
+    for nobody is deleted once it has finished."""
+    pool = Preprocessor(1)
+    try:
+        reading = asyncio.create_task(pool.keeping(crops.layout_page, a_page(tmp_path), 0, False))
+        await asyncio.sleep(0)  # one step: its worker call is under way
+        reading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+        worker_call = [
+            task
+            for task in asyncio.all_tasks()
+            if task.get_coro().__qualname__ == "Preprocessor.run"
+        ]
+        assert len(worker_call) == 1
+        await asyncio.wait(worker_call)  # its done callbacks, the deletion first, have run
+        assert (pool.held, os.listdir(pool.folder)) == (0, [])
+    finally:
+        pool.close()
+
+
+def test_pixels_left_by_a_gateway_killed_outright_go_when_the_next_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway killed outright (kill -9, the OOM killer) leaves its pixels folder in the
+    temp folder: the next gateway's pool deletes it, never a live gateway's."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    dead = tmp_path / f"ocrvl-pixels-{finished.pid}-abc"
+    alive = tmp_path / f"ocrvl-pixels-{os.getppid()}-abc"
+    for folder in (dead, alive):
+        folder.mkdir()
+        (folder / "page.rgb").write_bytes(b"\0" * 3)
+    pool = Preprocessor(1)
+    try:
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [alive.name, os.path.basename(pool.folder)]
+        )
+    finally:
+        pool.close()
