@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None) -> dict[str, Any]:
     add(
         "--max-queue",
         type=int,
-        help="pages held at once (decoding, waiting, in a pass) before 503 (default 256)",
+        help="pages held at once (decoding, waiting, in a pass) before 503 (default 512)",
     )
     add("--max-images", type=int, help="images in one request (default 32)")
     add("--max-pixels", type=int, help="pixels of one image (default 50000000)")

@@ -48,7 +48,7 @@ class Settings(BaseSettings):
         "without --compile; a capture that fails or differs from the eager pass leaves it eager)",
     )
     max_queue: int = Field(
-        256,
+        512,
         ge=1,
         description="pages held at once (the admitted requests' pages, from before decoding to "
         "the end of their pass); more: 503",
