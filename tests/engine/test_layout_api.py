@@ -243,6 +243,7 @@ def test_health_ready_and_metrics(layout_service: str) -> None:
         "ocrvl_layout_forward_passes_total",
         'ocrvl_layout_requests_total{outcome="ok"}',
         "ocrvl_layout_ready 1.0",
+        "ocrvl_layout_held_pages 0.0",  # every request before this one answered
     ):
         assert name in metrics.text
     missing = httpx.get(f"{layout_service}/v2/nothing")

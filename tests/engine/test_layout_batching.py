@@ -117,18 +117,26 @@ def test_a_body_over_the_limit_is_a_413(batching_service: str) -> None:
 def test_max_queue_counts_every_page_a_request_holds_until_it_is_answered() -> None:
     """--max-queue counts the pages of every request admitted, from before decoding to the end
     of its pass (not only those waiting for a batch): 15 of 20 held, 6 more are refused at once
-    and 5 fit; once the 15 are answered, 20 fit."""
+    and 5 fit; once the 15 are answered, 20 fit; ocrvl_layout_held_pages says how many."""
     from ocrvl_layout.batcher import Batcher  # noqa: PLC0415
     from ocrvl_layout.errors import Overloaded  # noqa: PLC0415
     from ocrvl_layout.metrics import Metrics  # noqa: PLC0415
 
-    batcher = Batcher(None, Metrics(), max_batch=8, max_wait=0.01, max_queue=20)  # type: ignore[arg-type]
+    metrics = Metrics()
+    batcher = Batcher(None, metrics, max_batch=8, max_wait=0.01, max_queue=20)  # type: ignore[arg-type]
+
+    def held() -> float | None:
+        """What /metrics says (ocrvl_layout_held_pages), checked against the batcher's count."""
+        shown = metrics.registry.get_sample_value("ocrvl_layout_held_pages")
+        assert shown == batcher.held
+        return shown
+
     with batcher.admitted(15):
         with pytest.raises(Overloaded) as refused, batcher.admitted(6):
             pytest.fail("admitted past --max-queue")
         assert "holds 15 pages and 6 more would pass its limit of 20" in refused.value.message
         with batcher.admitted(5):
-            assert batcher.held == 20
-    assert batcher.held == 0
+            assert held() == 20
+    assert held() == 0
     with batcher.admitted(20):
-        assert batcher.held == 20
+        assert held() == 20

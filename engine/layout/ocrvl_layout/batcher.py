@@ -88,10 +88,12 @@ class Batcher:
                 retry_after=math.ceil(passes * self.pass_seconds),
             )
         self.held += pages
+        self.metrics.held_pages.set(self.held)
         try:
             yield
         finally:
             self.held -= pages
+            self.metrics.held_pages.set(self.held)
 
     async def exclusive(self, function: Callable[..., T], *args: Any) -> T:
         """`function(*args)` in the forward thread, between two batches: the preprocessing

@@ -80,6 +80,12 @@ class Metrics:
         self.queue_depth = Gauge(
             "ocrvl_layout_queue_pages", "Pages waiting for a forward pass.", registry=r
         )
+        self.held_pages = Gauge(
+            "ocrvl_layout_held_pages",
+            "Pages of the requests admitted, from before decoding to the end of their pass: "
+            "what --max-queue bounds.",
+            registry=r,
+        )
         self.worker_restarts = Counter(
             "ocrvl_layout_worker_restarts",
             "Times the worker processes were replaced after one died.",
