@@ -347,3 +347,38 @@ def test_nginx_template_variables_are_all_given_by_compose(compose_model: dict[s
         used = set(variables(template.read_text()))
         assert all(name.startswith(prefix) for name in used), used
         assert used <= set(environment), used - set(environment)
+
+
+def seconds_of(duration: str) -> float:
+    """A Go duration as `docker compose config` writes it (`10m30s`, `680s`, `1h0m0s`)."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0}
+    total, number = 0.0, ""
+    for char in duration:
+        if char.isdigit() or char == ".":
+            number += char
+        else:
+            total, number = total + float(number) * units[char], ""
+    assert number == "", duration
+    return total
+
+
+def test_a_stop_waits_for_the_requests_in_flight_as_kubernetes_does(tmp_path: Path) -> None:
+    """The gateway's stop grace covers its drain (OCRVL_REQUEST_TIMEOUT) and its closing, nginx's
+    covers NGINX_PROXY_READ_TIMEOUT and it gets SIGQUIT, its graceful stop (Docker's own 10 s
+    would kill either mid-page, SIGTERM makes nginx drop its open requests); both graces are
+    Kubernetes' terminationGracePeriodSeconds, and a .env value replaces them."""
+    services = layout("base", tmp_path)["services"]
+    gateway, nginx = services["gateway"], services["nginx"]
+    request_timeout = float(gateway["environment"]["OCRVL_REQUEST_TIMEOUT"])
+    assert seconds_of(gateway["stop_grace_period"]) >= request_timeout + 20
+    read_timeout = seconds_of(nginx["environment"]["NGINX_PROXY_READ_TIMEOUT"])
+    assert seconds_of(nginx["stop_grace_period"]) > read_timeout
+    assert nginx["stop_signal"] == "SIGQUIT"  # nginx's graceful stop; SIGTERM drops requests
+    kubernetes = ROOT / "deploy" / "kubernetes" / "base"
+    for name, service in (("gateway", gateway), ("nginx", nginx)):
+        [deployment] = [d for d in yaml.safe_load_all((kubernetes / f"{name}.yaml").read_text())
+                        if d and d["kind"] == "Deployment"]  # fmt: skip
+        grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert seconds_of(service["stop_grace_period"]) == grace, name
+    longer = layout("base", tmp_path, GATEWAY_STOP_GRACE_PERIOD="1200s")["services"]["gateway"]
+    assert seconds_of(longer["stop_grace_period"]) == 1200

@@ -33,6 +33,18 @@ def test_service_runs_locked_down(stack: Stack, service: str, uid: str) -> None:
     assert "Read-only file system" in written.stderr
 
 
+@pytest.mark.parametrize(("service", "signal", "seconds"),
+                         [("gateway", "SIGTERM", 630), ("nginx", "SIGQUIT", 680)])  # fmt: skip
+def test_a_stop_gives_the_open_requests_time_to_end(
+    stack: Stack, service: str, signal: str, seconds: int
+) -> None:
+    """The engine stops the gateway and nginx with the signal that drains them and waits the
+    compose file's grace before SIGKILL, not Docker's 10 s."""
+    config = stack.inspect(service)["Config"]
+    assert config["StopTimeout"] == seconds
+    assert config.get("StopSignal", "SIGTERM") == signal
+
+
 def test_client_keys_come_from_the_secret_file_not_the_environment(stack: Stack) -> None:
     """docker inspect shows no client key; the keys file is the mounted secret, read-only."""
     config = stack.inspect("gateway")
