@@ -382,3 +382,28 @@ def test_a_stop_waits_for_the_requests_in_flight_as_kubernetes_does(tmp_path: Pa
         assert seconds_of(service["stop_grace_period"]) == grace, name
     longer = layout("base", tmp_path, GATEWAY_STOP_GRACE_PERIOD="1200s")["services"]["gateway"]
     assert seconds_of(longer["stop_grace_period"]) == 1200
+
+
+@pytest.mark.parametrize("name", ["base", "mps", "gpus-2-mps", "cpu"])
+def test_every_engine_drains_its_pages_within_its_stop_grace(name: str, tmp_path: Path) -> None:
+    """Each vLLM service's stop grace outlasts its profile's `shutdown-timeout` (the drain of
+    its pages in flight on SIGTERM; vLLM's default 0 aborts them), and Kubernetes' pods give
+    the same drain a preStop sleep on top."""
+    services = layout(name, tmp_path)["services"]
+    engines = {n: s for n, s in services.items() if n.startswith("vllm")}
+    assert engines
+    for service_name, service in engines.items():
+        command = [str(word) for word in service.get("command") or []]
+        profile = command[command.index("--config") + 1].rsplit("/", 1)[-1]
+        config = yaml.safe_load((ROOT / "vllm_configs" / profile).read_text())
+        assert config["shutdown-timeout"] > 0, profile
+        grace = seconds_of(service["stop_grace_period"])
+        assert grace >= config["shutdown-timeout"] + 5, service_name
+    kubernetes = ROOT / "deploy" / "kubernetes" / "vllm" / "deployment.yaml"
+    [pod] = [d["spec"]["template"]["spec"] for d in yaml.safe_load_all(kubernetes.read_text())
+             if d and d["kind"] == "Deployment"]  # fmt: skip
+    [container] = pod["containers"]
+    sleep = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    for profile in (ROOT / "vllm_configs").glob("*.yaml"):
+        drain = yaml.safe_load(profile.read_text())["shutdown-timeout"]
+        assert pod["terminationGracePeriodSeconds"] >= sleep + drain + 5, profile.name

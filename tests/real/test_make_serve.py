@@ -1,6 +1,6 @@
 """`make serve MODEL=tiny ENGINES=2` as README gives it (with two engines): vLLM + gateway, the
 README snippet, each engine's output in its own log, both engines serving behind one gateway,
-Ctrl-C stopping all cleanly."""
+Ctrl-C stopping all cleanly once the page in flight is answered."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from tests.support.prometheus import metric
 from tests.support.servers import free_port, free_ports
 
 pytestmark = pytest.mark.vllm
+Serving = tuple[int, int, Path, "subprocess.Popen[bytes]"]  # engines' first port, gateway's, log
 
 
 def readme_snippet(name: str) -> str:
@@ -39,11 +40,14 @@ def readme_snippet(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def make_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int, Path]]:
+def make_serve(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[int, int, Path, subprocess.Popen[bytes]]]:
     """`make serve MODEL=tiny ENGINES=2` on free ports (engines on VLLM_PORT and VLLM_PORT+1),
-    in its own process group as a terminal runs it; Ctrl-C at the end. (One start for the whole
-    module: each costs CI two engine starts. SIGTERM to make alone, what a service manager
-    sends, is tests/real/test_serve_stop.py's.)"""
+    in its own process group as a terminal runs it; the module's last test stops it with
+    Ctrl-C (here too, if it did not). (One start for the whole module: each costs CI two engine
+    starts. SIGTERM to make alone, what a service manager sends, is
+    tests/real/test_serve_stop.py's.)"""
     vllm_port, port = free_ports(2), free_port()
     log = Path(tmp_path_factory.mktemp("make-serve")) / "make-serve.log"
     env = {
@@ -59,13 +63,10 @@ def make_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
         )  # fmt: skip
     try:
         wait_until_up(f"http://127.0.0.1:{port}/ready", process, log, 900)
-        yield vllm_port, port, log
-        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in the terminal
-        process.wait(timeout=90)
-        for url in (f"http://127.0.0.1:{p}/health" for p in (port, vllm_port, vllm_port + 1)):
-            with pytest.raises(httpx.ConnectError):
-                httpx.get(url, timeout=2)
-        assert_stopped_cleanly(log)
+        yield vllm_port, port, log, process
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in the terminal
+            process.wait(timeout=90)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
@@ -82,11 +83,11 @@ def assert_stopped_cleanly(log: Path) -> None:
     assert "nanobind" not in terminal, terminal[-3000:]
 
 
-def test_engine_output_goes_to_a_log_named_at_start(make_serve: tuple[int, int, Path]) -> None:
+def test_engine_output_goes_to_a_log_named_at_start(make_serve: Serving) -> None:
     """By default each engine's output is in logs/vllm-PORT.log, named on the terminal at start;
     the terminal holds the gateway's own JSON lines and none of vLLM's (its GET /metrics lines
     every second)."""
-    vllm_port, port, log = make_serve
+    vllm_port, port, log, _ = make_serve
     httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5)
     terminal = log.read_text(errors="replace")
     for engine_port in (vllm_port, vllm_port + 1):
@@ -99,9 +100,9 @@ def test_engine_output_goes_to_a_log_named_at_start(make_serve: tuple[int, int, 
     assert "GET /health" not in terminal
 
 
-def test_readme_snippet_returns_a_completion(make_serve: tuple[int, int, Path]) -> None:
+def test_readme_snippet_returns_a_completion(make_serve: Serving) -> None:
     """The OpenAI SDK snippet in README.md prints a completion through the gateway."""
-    _, port, log = make_serve
+    _, port, log, _ = make_serve
     code = readme_snippet("sdk").replace("127.0.0.1:8000", f"127.0.0.1:{port}")
     result = subprocess.run(
         [str(VENV_BIN / "python"), "-c", code], capture_output=True, text=True, timeout=120
@@ -110,9 +111,9 @@ def test_readme_snippet_returns_a_completion(make_serve: tuple[int, int, Path]) 
     assert result.stdout.strip()
 
 
-def test_a_client_that_gives_up_frees_the_engine(make_serve: tuple[int, int, Path]) -> None:
+def test_a_client_that_gives_up_frees_the_engine(make_serve: Serving) -> None:
     """A client timing out mid-generation leaves vLLM running nothing."""
-    vllm_port, port, _ = make_serve
+    vllm_port, port, _, _ = make_serve
     body = {
         "model": "PaddleOCR-VL",
         "messages": [{"role": "user", "content": "OCR:"}],
@@ -138,9 +139,9 @@ def test_a_client_that_gives_up_frees_the_engine(make_serve: tuple[int, int, Pat
         time.sleep(0.05)
 
 
-def test_two_engines_serve_through_one_gateway(make_serve: tuple[int, int, Path]) -> None:
+def test_two_engines_serve_through_one_gateway(make_serve: Serving) -> None:
     """Pages sent at once through the gateway are answered, and both engines served some."""
-    vllm_port, port, log = make_serve
+    vllm_port, port, log, _ = make_serve
     body = {"model": "PaddleOCR-VL", "messages": [{"role": "user", "content": "OCR:"}],
             "max_tokens": 16}  # fmt: skip
 
@@ -154,3 +155,36 @@ def test_two_engines_serve_through_one_gateway(make_serve: tuple[int, int, Path]
                      "vllm:request_success_total") for p in (vllm_port, vllm_port + 1)]  # fmt: skip
     assert all(count > 0 for count in served), served
     assert sum(served) >= 8
+
+
+def test_ctrl_c_answers_the_page_in_flight_then_stops_everything(make_serve: Serving) -> None:
+    """Ctrl-C while an engine decodes a page: the gateway and the engine both drain (the
+    engine's `shutdown-timeout`, vllm_configs/cpu.yaml; vLLM's default aborts it), so the page
+    comes back whole, 200; then every part is gone and make serve says it stopped. (Last in
+    the module: it ends the module's make serve.)"""
+    vllm_port, port, log, process = make_serve
+    engines = [f"http://127.0.0.1:{p}/metrics" for p in (vllm_port, vllm_port + 1)]
+    body = {"model": "PaddleOCR-VL", "messages": [{"role": "user", "content": "OCR:"}],
+            "max_tokens": 200, "ignore_eos": True}  # fmt: skip
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(
+            httpx.post, f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
+            headers={"authorization": "Bearer sk-local"}, timeout=60,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while sum(running_requests(httpx.get(url, timeout=5).text) for url in engines) == 0:
+            assert not answer.done(), answer.result().text
+            assert time.monotonic() < deadline, "the page never reached an engine"
+            time.sleep(0.02)
+        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in the terminal
+        response = answer.result()
+    assert response.status_code == 200, response.text + _tail(log)
+    assert response.json()["usage"]["completion_tokens"] == 200
+    process.wait(timeout=90)
+    engine_logs = "".join((ROOT / f"logs/vllm-{p}.log").read_text(errors="replace")
+                          for p in (vllm_port, vllm_port + 1))  # fmt: skip
+    assert "draining in-flight requests count=1" in engine_logs  # it was in flight at Ctrl-C
+    for url in (f"http://127.0.0.1:{p}/health" for p in (port, vllm_port, vllm_port + 1)):
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url, timeout=2)
+    assert_stopped_cleanly(log)
