@@ -145,6 +145,16 @@ class Relay:
                 if upstream.status_code >= 400:
                     raise await _rejection(upstream, context)  # noqa: TRY301 (closed below)
                 head, rest = await _head(upstream, context, whole=not chat.stream)
+            except BackendRejected as exc:
+                await _close(upstream, lease)
+                if not stopping(exc):
+                    raise
+                # a draining engine took nothing: another backend may take the page
+                context.upstream_error = "stopping"
+                backend.mark_down(f"stopping: {exc.message}")
+                failures.append(f"{backend.url}: stopping ({exc.message})")
+                tried.add(backend.url)
+                continue
             except httpx.HTTPError as exc:
                 await _close(upstream, lease)
                 refused = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
@@ -375,6 +385,17 @@ def backend_error(status: int, raw: bytes) -> BackendRejected:
     if status < 500 and IMAGE_TROUBLE.search(message):
         code, param = "invalid_image", param or "messages"
     return BackendRejected(status, message, type_=fallback_type, param=param, code=code)
+
+
+# vLLM 0.32 draining on SIGTERM (its `shutdown-timeout`): a new request is answered 500 with
+# "cannot schedule new futures after shutdown" (a utility call: "Server shutting down"), and
+# nothing of it ran
+STOPPING = re.compile(r"after shutdown|shutting down", re.IGNORECASE)
+
+
+def stopping(error: BackendRejected) -> bool:
+    """Whether the backend refused the request because it is stopping (nothing ran)."""
+    return error.status >= 500 and STOPPING.search(error.message) is not None
 
 
 # vLLM's messages of an image its processor could not take (PIL, the HF processor)

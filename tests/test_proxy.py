@@ -206,6 +206,45 @@ async def test_fails_over_to_the_next_backend_before_anything_was_sent(fake: Fak
     assert len(fake.bodies) == 4
 
 
+# vLLM 0.32's answer to a new request while it drains on SIGTERM (`shutdown-timeout`), byte for
+# byte as the real engine gave it (docs/operations.md#stopping-and-restarts)
+DRAINING = (b'{"error":{"message":"cannot schedule new futures after shutdown",'
+            b'"type":"InternalServerError","param":null,"code":500}}')  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_draining_backends_refusal_moves_the_page_to_another(
+    fake: FakeVLLM, stream: bool
+) -> None:
+    """A fake engine answering as vLLM does while it drains (500, nothing ran): the page goes
+    to the other backend, the client sees 200, and the draining one leaves the rotation."""
+    draining = FakeVLLM(mode="status", status=500, error_body=DRAINING)
+    with ThreadedServer(draining) as stopping:
+        app = create_app(settings_for(stopping.url, fake.url, health_interval=3600))
+        async with lifespan_client(app, headers=AUTH) as client:
+            statuses = [
+                (await client.post("/v1/chat/completions", json={**BODY, "stream": stream}))
+                .status_code for _ in range(4)
+            ]  # fmt: skip
+            ready = await client.get("/ready")
+    assert statuses == [200] * 4
+    assert len(fake.bodies) == 4
+    assert len(draining.bodies) >= 1  # it was asked, and refused
+    assert ready.json()["backends"] == [fake.url]  # out of rotation until a probe finds it
+
+
+async def test_a_backend_500_that_is_not_a_drain_is_passed_on(fake: FakeVLLM) -> None:
+    """Any other 500 of a backend is the client's answer, not moved elsewhere (a page that
+    breaks engines must not break them all)."""
+    broken = FakeVLLM(mode="status", status=500)
+    with ThreadedServer(broken) as failing:
+        app = create_app(settings_for(failing.url, health_interval=3600))
+        async with lifespan_client(app, headers=AUTH) as client:
+            response = await client.post("/v1/chat/completions", json=BODY)
+    assert response.status_code == 500
+    assert response.json()["error"]["message"] == "boom"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_client_disconnect_closes_the_upstream_request(fake: FakeVLLM, stream: bool) -> None:
     """A client that gives up, waiting or mid-stream, makes the gateway close the upstream."""

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.proxy import backend_error, stopping
 from tests.conftest import (
     ROOT,
     VENV_BIN,
@@ -28,6 +29,7 @@ from tests.support.prometheus import metric
 from tests.support.servers import free_port, free_ports
 
 pytestmark = pytest.mark.vllm
+BACKEND = "sk-backend-make-serve-test"
 Serving = tuple[int, int, Path, "subprocess.Popen[bytes]"]  # engines' first port, gateway's, log
 
 
@@ -53,6 +55,8 @@ def make_serve(
     env = {
         **engine_environment(),
         "OCRVL_API_KEYS": "sk-local",
+        "OCRVL_BACKEND_API_KEY": BACKEND,  # the engines' key (serve.sh's own is random)
+        "STOP_GRACE_S": "60",  # the last test's page drains past serve.sh's default 10 s
         "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
     }
     with log.open("wb") as out:
@@ -160,31 +164,45 @@ def test_two_engines_serve_through_one_gateway(make_serve: Serving) -> None:
 def test_ctrl_c_answers_the_page_in_flight_then_stops_everything(make_serve: Serving) -> None:
     """Ctrl-C while an engine decodes a page: the gateway and the engine both drain (the
     engine's `shutdown-timeout`, vllm_configs/cpu.yaml; vLLM's default aborts it), so the page
-    comes back whole, 200; then every part is gone and make serve says it stopped. (Last in
-    the module: it ends the module's make serve.)"""
+    comes back whole, 200; meanwhile the draining engine refuses a new request in the way the
+    gateway reads as "stopping, nothing ran" (app/proxy.py moves such a page elsewhere); then
+    every part is gone and make serve says it stopped. (Last in the module: it ends the
+    module's make serve.)"""
     vllm_port, port, log, process = make_serve
-    engines = [f"http://127.0.0.1:{p}/metrics" for p in (vllm_port, vllm_port + 1)]
+    ports = (vllm_port, vllm_port + 1)
     body = {"model": "PaddleOCR-VL", "messages": [{"role": "user", "content": "OCR:"}],
-            "max_tokens": 200, "ignore_eos": True}  # fmt: skip
+            "max_tokens": 600, "ignore_eos": True}  # fmt: skip
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(
             httpx.post, f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
-            headers={"authorization": "Bearer sk-local"}, timeout=60,
+            headers={"authorization": "Bearer sk-local"}, timeout=120,
         )  # fmt: skip
         deadline = time.monotonic() + 30
-        while sum(running_requests(httpx.get(url, timeout=5).text) for url in engines) == 0:
+        while not (busy := [p for p in ports if running_requests(
+                httpx.get(f"http://127.0.0.1:{p}/metrics", timeout=5).text) > 0]):  # fmt: skip
             assert not answer.done(), answer.result().text
             assert time.monotonic() < deadline, "the page never reached an engine"
             time.sleep(0.02)
+        [engine] = busy
+        engine_log = ROOT / f"logs/vllm-{engine}.log"
+        before = engine_log.stat().st_size
         os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in the terminal
+        while b"draining in-flight requests count=1" not in engine_log.read_bytes()[before:]:
+            assert not answer.done(), "the page ended before the engine said it drains it"
+            assert time.monotonic() < deadline + 30, "the engine never said it drains the page"
+            time.sleep(0.02)
+        refused = httpx.post(
+            f"http://127.0.0.1:{engine}/v1/chat/completions",
+            json={**body, "model": "PaddleOCR-VL-1.5-0.9B", "max_tokens": 4},
+            headers={"authorization": f"Bearer {BACKEND}"}, timeout=30,
+        )  # fmt: skip
         response = answer.result()
     assert response.status_code == 200, response.text + _tail(log)
-    assert response.json()["usage"]["completion_tokens"] == 200
+    assert response.json()["usage"]["completion_tokens"] == 600
+    assert refused.status_code == 500, refused.text
+    assert stopping(backend_error(refused.status_code, refused.content)), refused.text
     process.wait(timeout=90)
-    engine_logs = "".join((ROOT / f"logs/vllm-{p}.log").read_text(errors="replace")
-                          for p in (vllm_port, vllm_port + 1))  # fmt: skip
-    assert "draining in-flight requests count=1" in engine_logs  # it was in flight at Ctrl-C
-    for url in (f"http://127.0.0.1:{p}/health" for p in (port, vllm_port, vllm_port + 1)):
+    for url in (f"http://127.0.0.1:{p}/health" for p in (port, *ports)):
         with pytest.raises(httpx.ConnectError):
             httpx.get(url, timeout=2)
     assert_stopped_cleanly(log)
