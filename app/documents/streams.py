@@ -22,12 +22,13 @@ from starlette.types import Receive
 from app.chat import ChatRequest
 from app.context import RequestContext
 from app.documents import loops
-from app.errors import UpstreamError
+from app.errors import BackendUnavailable, UpstreamError
 from app.proxy import Relay
 
 log = logging.getLogger("ocrvl.documents")
 MODES = ("cut", "retry", "off")
 STOPPED = loops.STOPPED
+ABORTED = "abort"  # vLLM's finish_reason of a request it aborted
 USAGE = {"include_usage": True, "continuous_usage_stats": True}
 RETRY_PENALTY = 1.1  # vLLM's repetition_penalty on a retry (1.0: none)
 RETRY_ROOM = 256  # tokens a retry may add beyond twice the first answer's useful tokens
@@ -94,7 +95,25 @@ async def answer(
     guard: tuple[str, str],
 ) -> Reply:
     """`chat`'s answer (a block's or a whole page's) through the loop guard; `guard`: (the
-    block's label or the page's task, the mode: cut, retry or off)."""
+    block's label or the page's task, the mode: cut, retry or off). An answer the engine
+    aborted (finish_reason `abort`: vLLM stopping without a drain, an aborted request) is an
+    error, never a page's text: its text is a part, and a kept part would be served again."""
+    reply = await _answer(relay, chat, context, receive, guard)
+    if reply.finish_reason == ABORTED:
+        raise BackendUnavailable(
+            "the engine aborted this answer before it ended (it was stopping, or the request was "
+            "aborted there); nothing of it is kept: ask for the page again"
+        )
+    return reply
+
+
+async def _answer(
+    relay: Relay,
+    chat: ChatRequest,
+    context: RequestContext,
+    receive: Receive,
+    guard: tuple[str, str],
+) -> Reply:
     label, mode = guard
     if mode == "off":
         response = await relay.complete(chat, context.served_model or chat.model, context, receive)

@@ -87,3 +87,25 @@ async def test_ocrvl_ocr_writes_the_servers_markdown(
                 client_module._handle(json.loads(json.dumps(event)), out, progress)
         written = capsys.readouterr().out if target is None else target.read_text()
         assert written == server.text
+
+
+async def test_a_page_the_engine_aborted_is_an_error_and_is_not_kept(
+    fake: FakeVLLM, tmp_path: Path
+) -> None:
+    """An answer vLLM ended with finish_reason `abort` (vLLM's shutdown without a drain, an
+    aborted request; the real engine's answer then is a part of the text, 200): the page is a
+    502 `backend_unavailable` error, not that part, and the results cache does not keep it, so
+    the same file sent again once the engine answers whole is read again, whole."""
+    fake.finish_reason = "abort"
+    settings = settings_for(fake.url, preprocess_workers=1, data_dir=tmp_path)
+    async with lifespan_client(create_app(settings), headers=AUTH, timeout=60) as client:
+        aborted = await client.post("/v1/ocr", files={"file": ("d.pdf", pdf(1))})
+        fake.finish_reason = "stop"
+        again = await client.post("/v1/ocr", files={"file": ("d.pdf", pdf(1))})
+    assert aborted.status_code == 502, aborted.text
+    assert aborted.json()["error"]["code"] == "backend_unavailable"
+    assert "aborted" in aborted.json()["error"]["message"]
+    assert again.status_code == 200, again.text
+    [page] = again.json()["pages"]
+    assert (page["text"], page["finish_reason"]) == ("Hello page", "stop")
+    assert len(fake.bodies) == 2  # read twice: the aborted answer was not kept
