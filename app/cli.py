@@ -59,6 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _keys_create(args: argparse.Namespace) -> int:
     from app.auth import KeyFile, KeyFileError, KeyLimits
 
+    existed = Path(args.file).is_file()
     try:
         limits = KeyLimits(args.rpm, args.concurrency, args.pages_per_day, args.pages_per_month)
         key = KeyFile(args.file).create(args.name, limits)
@@ -68,14 +69,15 @@ def _keys_create(args: argparse.Namespace) -> int:
     print(key)
     print(
         f"Stored the SHA-256 of key {args.name!r} in {args.file}; this is the only time the key "
-        f"is shown.\n{_how_read(Path(args.file))}",
+        f"is shown.\n{_how_read(Path(args.file), existed)}",
         file=sys.stderr,
     )
     return 0
 
 
-def _how_read(path: Path) -> str:
-    """How a gateway comes to read the keys file at `path`."""
+def _how_read(path: Path, existed: bool) -> str:
+    """How a gateway comes to read the keys file at `path` (`existed`: before this key)."""
+    change = "a running gateway takes a change within 1 s."
     if os.environ.get("OCRVL_API_KEYS_FILE") and Path(os.environ["OCRVL_API_KEYS_FILE"]) == path:
         where = "a gateway started with this OCRVL_API_KEYS_FILE reads it"
     elif path == Path(KEYS_FILE):
@@ -83,9 +85,14 @@ def _how_read(path: Path) -> str:
             "a gateway started in this folder (`make serve`, `ocrvl serve`) reads it without "
             "OCRVL_API_KEYS_FILE, and docker compose mounts ./secrets for its gateway"
         )
+        if not existed:  # the gateway reads the default file only when it is there at start
+            change = (
+                "the file is new, so a gateway already running here reads it only once "
+                "restarted (after that, it takes a change within 1 s)."
+            )
     else:
         where = f"start the gateway with OCRVL_API_KEYS_FILE={path} to use it"
-    return f"{where[0].upper()}{where[1:]}; a running gateway takes a change within 1 s."
+    return f"{where[0].upper()}{where[1:]}; {change}"
 
 
 def _keys_set(args: argparse.Namespace) -> int:

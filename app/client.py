@@ -40,7 +40,7 @@ def register(commands: Any) -> None:
         "--layout",
         choices=("auto", "on", "off"),
         help="read pages block by block with the server's layout service (default auto: when "
-        "it has one); with a .md --out, figures are written beside it in imgs/",
+        "it has one and --task is ocr); with a .md --out, figures are written beside it in imgs/",
     )
     ocr.add_argument(
         "--out",

@@ -13,11 +13,14 @@ import pytest
 OCRVL = str(Path(sys.executable).parent / "ocrvl")
 
 
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`ocrvl ARGS` with a clean OCRVL_* environment."""
+def run(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`ocrvl ARGS` with a clean OCRVL_* environment (in `cwd`, default the current folder)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("OCRVL_")}
+    environment = {**base, **(env or {})}
     return subprocess.run(
-        [OCRVL, *args], capture_output=True, text=True, env={**base, **(env or {})}, timeout=60
+        [OCRVL, *args], capture_output=True, text=True, env=environment, cwd=cwd, timeout=60
     )
 
 
@@ -29,9 +32,13 @@ def test_help_lists_the_commands() -> None:
         assert command in result.stdout
 
 
-def test_serve_without_keys_refuses_with_guidance() -> None:
-    """`ocrvl serve` with no key configured exits 2 and says which settings to set."""
-    result = run("serve", "--port", "1", env={"OCRVL_BACKENDS": "http://127.0.0.1:8118"})
+def test_serve_without_keys_refuses_with_guidance(tmp_path: Path) -> None:
+    """`ocrvl serve` with no key configured exits 2 and says which settings to set. Run in an
+    empty folder: in the repository, the secrets/api-keys.json that README's `ocrvl keys create`
+    writes would be read, and the gateway would start."""
+    result = run(
+        "serve", "--port", "1", env={"OCRVL_BACKENDS": "http://127.0.0.1:8118"}, cwd=tmp_path
+    )
     assert result.returncode == 2
     assert "OCRVL_API_KEYS" in result.stderr
     assert "OCRVL_API_KEYS_FILE" in result.stderr

@@ -76,13 +76,19 @@ def test_a_created_key_is_accepted_by_a_gateway_started_beside_it(
 
 
 def test_keys_create_says_where_it_wrote_and_how_it_is_read(tmp_path: Path) -> None:
-    """stderr names the file and that a gateway started in that folder reads it; the key alone
-    is on stdout."""
+    """stderr names the file and that a gateway started in that folder reads it (a gateway
+    already running there only once restarted, when this key made the file: it reads the
+    default file only if it is there at start); the key alone is on stdout."""
     created = ocrvl("keys", "create", "team-b", cwd=tmp_path)
     assert created.returncode == 0, created.stderr
     assert created.stdout.strip().startswith("sk-ocrvl-")
     assert "in secrets/api-keys.json" in created.stderr
     assert "reads it without OCRVL_API_KEYS_FILE" in created.stderr
+    # the first key makes the file, which a gateway already running here never looked at
+    assert "reads it only once restarted" in created.stderr
+    assert "; a running gateway takes a change within 1 s" not in created.stderr
+    second = ocrvl("keys", "create", "team-d", cwd=tmp_path)
+    assert "; a running gateway takes a change within 1 s" in second.stderr
     other = ocrvl("keys", "create", "team-c", "--file", "elsewhere.json", cwd=tmp_path)
     assert "OCRVL_API_KEYS_FILE=elsewhere.json" in other.stderr
 

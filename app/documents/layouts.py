@@ -246,13 +246,20 @@ def _box(item: dict[str, Any]) -> Box:
 
 
 def choose(
-    service: LayoutService | None, mode: str, options: LayoutOptions, *, waits: bool = False
+    service: LayoutService | None,
+    mode: str,
+    options: LayoutOptions,
+    *,
+    waits: bool = False,
+    task: str = "ocr",
 ) -> tuple[LayoutOptions | None, str | None]:
     """The pipeline a document runs: its layout options (None: each page read whole) and, when
     `auto` fell back to whole pages, why. `on` with no service configured is a 400; `on` with
     none ready a 503 (`waits`: a job's pages wait for one instead, as they wait for backends).
     `orientation` and `unwarp` run in the layout service: they make `auto` mean `on`, and are a
-    400 with `off`."""
+    400 with `off`. A `task` other than `ocr` (table, formula, chart, spotting, seal) is a
+    whole-page prompt, which the layout pipeline never sends (each block goes with its label's):
+    `auto` reads such pages whole, `on` is a 400 rather than a task dropped silently."""
     if options.preprocessing:
         name = "orientation" if options.orientation else "unwarp"
         if mode == "off":
@@ -263,6 +270,17 @@ def choose(
                 code="invalid_value",
             )
         mode = "on"
+    if task != "ocr":
+        if mode == "on":
+            raise InvalidRequest(
+                f"`task={task}` reads each page whole with its prompt, and the layout pipeline "
+                f"(`layout=on`, `orientation`, `unwarp`) reads each block with its label's "
+                f"prompt instead; send `layout=off` (or auto) for `task={task}`, or `task=ocr` "
+                "with the layout",
+                param="task",
+                code="invalid_value",
+            )
+        return None, None
     if mode == "off":
         return None, None
     if service is None:

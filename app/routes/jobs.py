@@ -117,7 +117,7 @@ async def _checked_job(
     they wait for the service as they wait for backends (docs/jobs.md)."""
     settings = gateway.settings
     mode, wanted = options.layout, options.layout_options
-    layout, _ = layouts.choose(gateway.layouts, mode, wanted, waits=True)
+    layout, _ = layouts.choose(gateway.layouts, mode, wanted, waits=True, task=options.task)
     path, head = spooled
     size = await asyncio.to_thread(os.path.getsize, path)
     if size > settings.job_max_file_bytes:

@@ -40,7 +40,9 @@ async def ocr(request: Request, _: Admitted, gateway: GatewayDep, context: Conte
         context.served_model = _served_model(gateway, received.options.model)
         _check_policy(gateway, received.options.max_tokens, context.served_model)
         options = received.options
-        layout, fallback = layouts.choose(gateway.layouts, options.layout, options.layout_options)
+        layout, fallback = layouts.choose(
+            gateway.layouts, options.layout, options.layout_options, task=options.task
+        )
         mode = output.layout_fields(layout is not None, fallback)
         job = await _prepare(gateway, cleanup, received, data, context.served_model, layout=layout)
         if gateway.usage is not None:  # the whole document under the key's page budget, first

@@ -218,6 +218,51 @@ async def test_layout_off_reads_each_page_whole_even_with_a_service() -> None:
     assert layout.seen == []
 
 
+async def test_a_whole_page_task_is_read_whole_under_auto_and_refused_with_on(
+    tmp_path: Path,
+) -> None:
+    """`task=table` (any task but `ocr`) is a prompt for the whole page, which the layout
+    pipeline never sends: under `auto` (the default, a service ready) the page is read whole
+    with that prompt (the table's HTML back, no layout call), a job alike; `layout=on`, or
+    `orientation` (which means on), is a 400 naming `task` rather than the task dropped."""
+    with services() as (fake, layout):
+        async with gateway(fake, layout, data_dir=tmp_path) as client:
+            auto = await client.post("/v1/ocr", files=upload(), data={"task": "table"})
+            job = await client.post("/v1/ocr/jobs", files=upload(), data={"task": "table"})
+            assert job.status_code == 202, job.text
+            assert (await until_ended(client, job.json()["id"]))["status"] == "succeeded"
+            kept = await client.get(f"/v1/ocr/jobs/{job.json()['id']}/result")
+            on = await client.post(
+                "/v1/ocr", files=upload(), data={"task": "table", "layout": "on"}
+            )
+            turned = await client.post(
+                "/v1/ocr", files=upload(), data={"task": "formula", "orientation": "true"}
+            )
+            on_job = await client.post(
+                "/v1/ocr/jobs", files=upload(), data={"task": "table", "layout": "on"}
+            )
+    assert auto.status_code == 200, auto.text
+    assert auto.headers["x-ocr-layout"] == "off"
+    document = auto.json()
+    assert (document["layout"], "layout_fallback" in document) == ("off", False)
+    assert document["pages"][0]["html"].startswith("<table")
+    assert "blocks" not in document["pages"][0]
+    assert (kept.json()["layout"], kept.json()["pages"][0]["html"]) == ("off", auto_html(auto))
+    assert fake.prompts() == ["Table Recognition:", "Table Recognition:"]
+    assert layout.seen == []
+    for refused in (on, turned, on_job):
+        assert refused.status_code == 400, refused.text
+        assert (refused.json()["error"]["param"], refused.json()["error"]["code"]) == (
+            "task",
+            "invalid_value",
+        )
+
+
+def auto_html(response: httpx.Response) -> str:
+    html: str = response.json()["pages"][0]["html"]
+    return html
+
+
 async def test_without_a_service_auto_reads_pages_whole_and_on_is_a_400() -> None:
     """No OCRVL_LAYOUT_URL: `auto` is `off`; `on` is refused (400 layout_not_configured)."""
     with serving(Answering()) as fake:
