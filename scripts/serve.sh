@@ -287,7 +287,11 @@ stop_mps() {  # `quit` to the daemon this run started or took over
 }
 backoff=""  # the back-off's sleep, while a part waits to start again
 stop() {
-  trap - INT TERM EXIT
+  # Once stopping, a second Ctrl-C or SIGTERM changes nothing: the stop ends on its own, within
+  # STOP_GRACE_S (then SIGKILL). Under a group's SIGTERM serve.sh gets it twice (the signal,
+  # then make passing it on); the second used to end serve.sh mid-stop, its SIGKILL never sent.
+  trap '' INT TERM
+  trap - EXIT
   [ -z "$backoff" ] || kill "$backoff" 2>/dev/null || true
   signal_all TERM
   local deadline=$((SECONDS + stop_grace))

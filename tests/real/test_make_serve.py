@@ -164,10 +164,10 @@ def test_two_engines_serve_through_one_gateway(make_serve: Serving) -> None:
 def test_ctrl_c_answers_the_page_in_flight_then_stops_everything(make_serve: Serving) -> None:
     """Ctrl-C while an engine decodes a page: the gateway and the engine both drain (the
     engine's `shutdown-timeout`, vllm_configs/cpu.yaml; vLLM's default aborts it), so the page
-    comes back whole, 200; meanwhile the draining engine refuses a new request in the way the
-    gateway reads as "stopping, nothing ran" (app/proxy.py moves such a page elsewhere); then
-    every part is gone and make serve says it stopped. (Last in the module: it ends the
-    module's make serve.)"""
+    comes back whole, 200, a second Ctrl-C meanwhile notwithstanding (serve.sh's stop goes on);
+    the draining engine refuses a new request in the way the gateway reads as "stopping,
+    nothing ran" (app/proxy.py moves such a page elsewhere); then every part is gone and make
+    serve says it stopped. (Last in the module: it ends the module's make serve.)"""
     vllm_port, port, log, process = make_serve
     ports = (vllm_port, vllm_port + 1)
     body = {"model": "PaddleOCR-VL", "messages": [{"role": "user", "content": "OCR:"}],
@@ -191,6 +191,8 @@ def test_ctrl_c_answers_the_page_in_flight_then_stops_everything(make_serve: Ser
             assert not answer.done(), "the page ended before the engine said it drains it"
             assert time.monotonic() < deadline + 30, "the engine never said it drains the page"
             time.sleep(0.02)
+        # a second Ctrl-C, impatient: the stop under way goes on (the page still drains)
+        os.killpg(process.pid, signal.SIGINT)
         refused = httpx.post(
             f"http://127.0.0.1:{engine}/v1/chat/completions",
             json={**body, "model": "PaddleOCR-VL-1.5-0.9B", "max_tokens": 4},
@@ -202,6 +204,10 @@ def test_ctrl_c_answers_the_page_in_flight_then_stops_everything(make_serve: Ser
     assert refused.status_code == 500, refused.text
     assert stopping(backend_error(refused.status_code, refused.content)), refused.text
     process.wait(timeout=90)
+    deadline = time.monotonic() + 90  # make may end first (the second Ctrl-C); serve.sh says
+    while b"make serve: stopped" not in log.read_bytes():  # it stopped once every part is gone
+        assert time.monotonic() < deadline, _tail(log)
+        time.sleep(0.05)
     for url in (f"http://127.0.0.1:{p}/health" for p in (port, *ports)):
         with pytest.raises(httpx.ConnectError):
             httpx.get(url, timeout=2)
