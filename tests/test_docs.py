@@ -126,3 +126,19 @@ def test_a_broken_link_and_a_missing_anchor_are_found(tmp_path: Path) -> None:
         "```\n[fenced](missing.md)\n```\n"
     )
     assert [line.partition(":")[0] for line in _broken(doc)] == ["missing.md", "other.md#no-such"]
+
+
+ERROR_CODE = re.compile(r"\bcode\s*=\s*\"([a-z][a-z_]+)\"")  # code="..." and `code = "..."`
+
+
+def test_every_error_code_the_gateway_sets_is_named_in_the_docs() -> None:
+    """Each `code` the gateway's errors carry (a literal in app/) is named in README.md or a
+    doc, as docs/clients.md says: a client can look up any code it gets."""
+    codes = {
+        code
+        for path in (ROOT / "app").rglob("*.py")
+        for code in ERROR_CODE.findall(path.read_text(encoding="utf-8"))
+    }
+    assert len(codes) > 30  # the scan finds them (43 when written)
+    text = "\n".join(path.read_text(encoding="utf-8") for path in DOCS)
+    assert sorted(c for c in codes if not re.search(rf"\b{c}\b", text)) == []
