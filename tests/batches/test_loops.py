@@ -73,7 +73,10 @@ def assert_cut(answer: dict[str, Any]) -> None:
     assert choice["message"]["content"].startswith("Intro.")
     assert choice["message"]["content"].count("lorem ipsum") == 1
     assert answer["loop"]["unit"] == len("lorem ipsum ")
-    assert 0 < answer["loop"]["tokens"] < len(LOOPING.split()) // 2  # stopped early
+    # what the engine had sent by the stop: the fake sends its events at once, so how many a
+    # loaded machine reads before the guard's stop is not bounded here (CI once read 622 of
+    # 1,201); tests/batches/test_real.py bounds it on the real engine
+    assert 0 < answer["loop"]["tokens"] <= len(LOOPING.split())
     assert answer["usage"]["completion_tokens"] == answer["loop"]["tokens"]
 
 
