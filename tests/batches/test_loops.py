@@ -182,5 +182,5 @@ async def test_a_cut_lines_tokens_are_what_the_engine_spent(tmp_path: Path) -> N
     assert done["usage"]["input_tokens"] == 20
     assert done["usage"]["output_tokens"] == spent + clean
     assert done["usage"]["total_tokens"] == 20 + spent + clean
-    assert spent + clean < len(LOOPING.split()) // 2
+    assert 0 < spent <= len(LOOPING.split())  # cut somewhere in the loop (see assert_cut)
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (20, spent + clean)

