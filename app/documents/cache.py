@@ -151,6 +151,7 @@ async def _laid_out(
         (digest, image), _ = await preprocessor.run(*args)
         return digest, image, Held()
     (digest, image), held = await preprocessor.keeping(*args)
+    held.url = image if held.pixels is not None else None
     return digest, image, held
 
 

@@ -105,6 +105,8 @@ async def _planned(
             page, mine = await tools.preprocessor.keeping(
                 crops.layout_page, job.source, index, lossless
             )
+        elif mine.url is not None and not lossless:  # the hash's JPEG is the layout page's
+            page = LayoutPage(mine.url, mine.pixels.width, mine.pixels.height)
         else:
             page = await run(crops.layout_page_of, job.source, index, mine.pixels, lossless)
         found = await tools.layouts.locate(

@@ -98,30 +98,14 @@ async def answer(
     block's label or the page's task, the mode: cut, retry or off). An answer the engine
     aborted (finish_reason `abort`: vLLM stopping without a drain, an aborted request) is an
     error, never a page's text: its text is a part, and a kept part would be served again."""
-    reply = await _answer(relay, chat, context, receive, guard)
-    if reply.finish_reason == ABORTED:
-        raise BackendUnavailable(
-            "the engine aborted this answer before it ended (it was stopping, or the request was "
-            "aborted there); nothing of it is kept: ask for the page again"
-        )
-    return reply
-
-
-async def _answer(
-    relay: Relay,
-    chat: ChatRequest,
-    context: RequestContext,
-    receive: Receive,
-    guard: tuple[str, str],
-) -> Reply:
     label, mode = guard
     if mode == "off":
         response = await relay.complete(chat, context.served_model or chat.model, context, receive)
-        return Reply(*read_block(bytes(response.body)))
+        return whole(Reply(*read_block(bytes(response.body))))
     limit = max_tokens(chat.payload)
     first = await _watched(relay, streamed(chat.payload, {}, chat), context, receive, label)
     if first.loop is None or mode != "retry":
-        return first
+        return whole(first)
     room = 2 * _useful_tokens(first) + RETRY_ROOM  # its useful length twice, and some
     retry = {
         "repetition_penalty": max(RETRY_PENALTY, float(chat.payload.get("repetition_penalty", 1))),
@@ -130,7 +114,9 @@ async def _answer(
     again = await _watched(relay, streamed(chat.payload, retry, chat), context, receive, label)
     usage = _summed(first.usage, again.usage)
     if again.loop is None:
-        return Reply(again.text, again.finish_reason, usage, {**first.loop, "retry": "answer"})
+        return whole(
+            Reply(again.text, again.finish_reason, usage, {**first.loop, "retry": "answer"})
+        )
     return Reply(first.text, first.finish_reason, usage, {**first.loop, "retry": "cut"})
 
 
@@ -147,6 +133,16 @@ async def _watched(
 
     await relay.watch(chat, context.served_model or chat.model, context, receive, reader)
     return ended(answer, watch, (label, limit), context)
+
+
+def whole(reply: Reply) -> Reply:
+    """`reply`, unless the engine aborted it (BackendUnavailable: its text is only a part)."""
+    if reply.finish_reason == ABORTED:
+        raise BackendUnavailable(
+            "the engine aborted this answer before it ended (it was stopping, or the request was "
+            "aborted there); nothing of it is kept: ask for the page again"
+        )
+    return reply
 
 
 def ended(

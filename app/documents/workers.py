@@ -78,26 +78,30 @@ def _exit_with(parent: int) -> None:
 class Held:
     """A page's pixels kept in a file for the gateway, and their one owner: whoever `take`s
     them owns them next; the owner lets them go (`close`, or a `with` block): the file deleted,
-    its bytes no longer counted."""
+    its bytes no longer counted. `url`: the page's JPEG data URL of those pixels, when one was
+    made already (the layout service is sent that very JPEG, not one encoded again)."""
 
-    __slots__ = ("_free", "pixels")
+    __slots__ = ("_free", "pixels", "url")
 
     def __init__(
-        self, pixels: raster.Pixels | None = None, free: Callable[[], None] | None = None
+        self,
+        pixels: raster.Pixels | None = None,
+        free: Callable[[], None] | None = None,
+        url: str | None = None,
     ) -> None:
-        self.pixels, self._free = pixels, free
+        self.pixels, self._free, self.url = pixels, free, url
 
     def take(self) -> Held:
         """The pixels, now the taker's to close (none left here)."""
-        taken = Held(self.pixels, self._free)
-        self.pixels, self._free = None, None
+        taken = Held(self.pixels, self._free, self.url)
+        self.pixels, self._free, self.url = None, None, None
         return taken
 
     def close(self) -> None:
         """Let the pixels go (nothing when taken or none)."""
         if self._free is not None:
             self._free()
-        self.pixels, self._free = None, None
+        self.pixels, self._free, self.url = None, None, None
 
     def __enter__(self) -> Held:
         return self

@@ -30,7 +30,7 @@ from app.batches.view import batch_object
 from app.bodies import capped
 from app.errors import InvalidRequest, NotFound, PayloadTooLarge, RateLimited, quoted
 from app.quotas import Admitted
-from app.routes.chat import LOOP_GUARD_HEADER
+from app.routes.chat import LOOP_GUARD_HEADER, guard_switch
 from app.routes.files import after_of, json_response, limit_of, listed, owned_file
 from app.state import Gateway, GatewayDep
 from app.store import ACTIVE, Job
@@ -101,14 +101,7 @@ def _checked(body: dict[str, Any]) -> tuple[str, str, str, dict[str, str] | None
 def _switch(value: str | None, param: str, name: str) -> str | None:
     """`on` or `off` (the loop guard's switch, as chat's header takes it), None when not given,
     or 400 naming `param`."""
-    if value is None:
-        return None
-    wanted = value.strip().lower()
-    if wanted not in ("on", "off"):
-        raise InvalidRequest(
-            f"{name} must be on or off; got {quoted(value)}", param=param, code="invalid_value"
-        )
-    return wanted
+    return None if value is None else guard_switch(value, param, name)
 
 
 @router.post("/v1/batches")

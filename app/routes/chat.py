@@ -54,14 +54,19 @@ async def chat_completions(request: Request) -> Response:
 def loop_guarded(request: Request, default: str, parsed: chat.ChatRequest) -> bool:
     """Whether the loop guard watches this chat request: `X-OCRVL-Loop-Guard: on|off`, else
     OCRVL_CHAT_LOOP_GUARD; one sequence (`n` 1) only (docs/ocr.md)."""
-    wanted = request.headers.get(LOOP_GUARD_HEADER, default).strip().lower()
+    header = request.headers.get(LOOP_GUARD_HEADER, default)
+    wanted = guard_switch(header, LOOP_GUARD_HEADER, f"the {LOOP_GUARD_HEADER} header")
+    return wanted == "on" and parsed.pages == 1
+
+
+def guard_switch(value: str, param: str, name: str) -> str:
+    """`on` or `off` (the loop guard's switch, any case), or 400 naming `param`."""
+    wanted = value.strip().lower()
     if wanted not in ("on", "off"):
         raise InvalidRequest(
-            f"the {LOOP_GUARD_HEADER} header must be on or off; got {quoted(wanted)}",
-            param=LOOP_GUARD_HEADER,
-            code="invalid_value",
+            f"{name} must be on or off; got {quoted(wanted)}", param=param, code="invalid_value"
         )
-    return wanted == "on" and parsed.pages == 1
+    return wanted
 
 
 class ChatEndpoint:

@@ -505,6 +505,22 @@ async def test_a_page_with_no_blocks_says_so(tmp_path: Path) -> None:
     assert "empty" not in read
 
 
+async def test_a_missed_pages_image_is_the_very_jpeg_its_layout_was_found_on(
+    tmp_path: Path,
+) -> None:
+    """`page_images` with the results cache on: a page that misses is laid out on the very
+    JPEG that is its `image` (the one its hash made, reused rather than encoded again, must be
+    byte for byte what the layout page's own encoding gives)."""
+    with services() as (fake, layout):
+        async with gateway(fake, layout, data_dir=tmp_path) as client:
+            response = await client.post("/v1/ocr", files=upload(), data={"page_images": "true"})
+    assert response.status_code == 200, response.text
+    [page] = response.json()["pages"]
+    assert "cached" not in page  # a miss: laid out and read
+    assert page["image"].startswith("data:image/jpeg;base64,")
+    assert layout.seen[0].images == [page["image"]]
+
+
 async def test_orientation_turns_the_page_before_its_blocks_are_cut() -> None:
     """`orientation=true`: the layout service (a stand-in keeping the contract, finding 90)
     gets a lossless page and sends it back upright; the page's `angle` is 90, its blocks are

@@ -84,6 +84,7 @@ class Seen:
 
     sizes: list[tuple[int, int]]
     overrides: dict[str, Any]
+    images: list[str] = field(default_factory=list)  # the data URLs, as sent
 
 
 @dataclass
@@ -126,7 +127,7 @@ class LayoutStandin:
             await _json(send, 400, _error(str(exc)))
             return
         with self._lock:
-            self.seen.append(Seen(sizes, overrides))
+            self.seen.append(Seen(sizes, overrides, images))
             number = len(self.seen)
         self.arrived.set()
         if self.mode == "hold":
