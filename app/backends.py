@@ -7,6 +7,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from time import monotonic
 from typing import Any
 
 import httpx
@@ -16,6 +17,11 @@ from app.errors import BackendUnavailable
 from app.settings import BackendSpec
 
 log = logging.getLogger("ocrvl.backends")
+
+# How long an engine that refused a page because it is stopping stays out of rotation while its
+# probes still pass: vLLM drains for its `shutdown-timeout` (90 s in every profile) answering
+# /health 200 all along, then exits. A probe that finds it gone ends the hold sooner.
+STOP_HOLD_S = 120.0
 
 
 @dataclass(slots=True)
@@ -29,6 +35,7 @@ class Backend:
     problem: str = "not probed yet"
     capacity: int | None = None  # pages at once, set by the operator; None: learnt
     engine: EngineLoad | None = None  # the engine's last /metrics reading
+    held_until: float = 0.0  # monotonic: a stopping engine's probes do not bring it back before
 
     def mark_down(self, problem: str) -> None:
         """Take the backend out of rotation until a probe finds it well again."""
@@ -36,6 +43,12 @@ class Backend:
             log.warning("backend %s is down: %s", self.url, problem)
         self.healthy = False
         self.problem = problem
+
+    def mark_stopping(self, problem: str) -> None:
+        """Take a draining engine out of rotation until a probe finds it gone (a restart is a
+        new engine) or STOP_HOLD_S pass: its /health still answers 200 while it drains."""
+        self.mark_down(f"stopping: {problem}")
+        self.held_until = monotonic() + STOP_HOLD_S
 
 
 class BackendPool:
@@ -63,30 +76,38 @@ class BackendPool:
         self._timeout = timeout
 
     async def probe(self, backend: Backend) -> None:
-        """Ask one backend for `/health` and `/v1/models`; both must answer for it to serve."""
+        """Ask one backend for `/health` and `/v1/models`; both must answer for it to serve,
+        and an engine that said it is stopping must have gone first (or STOP_HOLD_S passed)."""
+        problem = await self._check(backend)
+        if problem is not None:
+            backend.held_until = 0.0  # gone or broken: what answers next is a new engine
+            backend.mark_down(problem)
+        elif monotonic() < backend.held_until:
+            backend.mark_down(backend.problem)  # still draining: it answers, but takes nothing
+        else:
+            if not backend.healthy:
+                log.info("backend %s is up, serving %s", backend.url, ", ".join(backend.models))
+            backend.healthy, backend.problem, backend.held_until = True, "", 0.0
+
+    async def _check(self, backend: Backend) -> str | None:
+        """What keeps the backend from serving (None: nothing); its model list on success."""
         try:
             health = await self._client.get(f"{backend.url}/health", timeout=self._timeout)
             if health.status_code != 200:
-                backend.mark_down(f"/health answered {health.status_code}")
-                return
+                return f"/health answered {health.status_code}"
             listing = await self._client.get(
                 f"{backend.url}/v1/models", headers=self._headers, timeout=self._timeout
             )
         except httpx.HTTPError as exc:
-            backend.mark_down(describe(exc))
-            return
+            return describe(exc)
         if listing.status_code != 200:
             hint = " (check OCRVL_BACKEND_API_KEY)" if listing.status_code == 401 else ""
-            backend.mark_down(f"/v1/models answered {listing.status_code}{hint}")
-            return
+            return f"/v1/models answered {listing.status_code}{hint}"
         try:
             backend.models = {entry["id"]: entry for entry in listing.json()["data"]}
         except (ValueError, KeyError, TypeError):
-            backend.mark_down("/v1/models did not answer an OpenAI model list")
-            return
-        if not backend.healthy:
-            log.info("backend %s is up, serving %s", backend.url, ", ".join(backend.models))
-        backend.healthy, backend.problem = True, ""
+            return "/v1/models did not answer an OpenAI model list"
+        return None
 
     async def probe_all(self) -> None:
         """Refresh the members (when discovered), then probe every backend once, concurrently."""

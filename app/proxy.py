@@ -151,7 +151,7 @@ class Relay:
                     raise
                 # a draining engine took nothing: another backend may take the page
                 context.upstream_error = "stopping"
-                backend.mark_down(f"stopping: {exc.message}")
+                backend.mark_stopping(exc.message)
                 failures.append(f"{backend.url}: stopping ({exc.message})")
                 tried.add(backend.url)
                 continue

@@ -7,6 +7,7 @@ import asyncio
 import httpx
 import pytest
 
+from app import backends
 from app.backends import Backend, BackendPool
 from app.main import create_app
 from app.metrics import Metrics
@@ -61,6 +62,61 @@ async def test_wrong_backend_key_shows_in_readiness(fake: FakeVLLM) -> None:
         await pool.probe_all()
     assert pool.healthy() == []
     assert "check OCRVL_BACKEND_API_KEY" in pool.problems()
+
+
+def engine(state: dict[str, str]) -> httpx.MockTransport:
+    """A stand-in engine whose `state` is "serving" (vLLM while running, and while it drains:
+    /health 200 and its model list all along) or "gone" (the process exited)."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if state["now"] == "gone":
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        return httpx.Response(200, json={"object": "list", "data": [{"id": SERVED}]})
+
+    return httpx.MockTransport(answer)
+
+
+async def test_a_stopping_engine_stays_out_until_it_has_gone() -> None:
+    """An engine that refused a page as stopping stays out of rotation while its probes pass
+    (vLLM drains answering /health 200); once a probe finds it gone, the next one that finds
+    it serving (restarted) brings it back."""
+    state = {"now": "serving"}
+    async with httpx.AsyncClient(transport=engine(state)) as client:
+        pool = BackendPool([BackendSpec("http://engine")], client, {}, timeout=1)
+        await pool.probe_all()
+        assert [b.url for b in pool.healthy()] == ["http://engine"]
+        pool.backends[0].mark_stopping("cannot schedule new futures after shutdown")
+        await pool.probe_all()
+        draining = pool.problems()
+        state["now"] = "gone"
+        await pool.probe_all()
+        gone = pool.problems()
+        state["now"] = "serving"
+        await pool.probe_all()
+    assert "stopping: cannot schedule new futures" in draining
+    assert "stopping" not in gone
+    assert [b.url for b in pool.healthy()] == ["http://engine"]
+
+
+async def test_a_stopping_engine_that_never_goes_returns_after_the_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A refusal that read as stopping but whose engine stays (it answers on) keeps it out
+    STOP_HOLD_S, not for good: the clock past the hold, the next probe brings it back."""
+    now = [1000.0]
+    monkeypatch.setattr(backends, "monotonic", lambda: now[0])
+    async with httpx.AsyncClient(transport=engine({"now": "serving"})) as client:
+        pool = BackendPool([BackendSpec("http://engine")], client, {}, timeout=1)
+        pool.backends[0].mark_stopping("shutting down")
+        now[0] += backends.STOP_HOLD_S - 1
+        await pool.probe_all()
+        held = pool.healthy()
+        now[0] += 2
+        await pool.probe_all()
+    assert held == []
+    assert [b.url for b in pool.healthy()] == ["http://engine"]
 
 
 async def test_least_busy_backend_takes_the_request() -> None:
