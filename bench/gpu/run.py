@@ -6,7 +6,12 @@ host, the corpus, the window rules, the variants and the device calls, each a li
     receive K     wheel part K (carried as .gpu-wheels-032s/chunkK)
     install       vLLM 0.32, the plugin and the layout service into /tmp/site032 (host/install.sh),
                   the gateway's wheels (.whl) beside them
-    prepare       the full-size random-weight checkpoints (PaddleOCR-VL, PP-DocLayoutV3)
+    install-layout the layout service alone into /tmp/site032, on the host's own torch and
+                  transformers, with its web stack and the load client's wheels carried in .whl
+                  (bench/gpu/wheels_layout.txt): no vLLM, so no wheel parts, for plans that
+                  load only the layout service
+    prepare       the full-size random-weight checkpoints (PaddleOCR-VL, PP-DocLayoutV3) the plan's
+                  host names (`model`, `layout_model`)
     floor         the corpus's requests (bench.gpu.corpus work) and the floor of each variant's
                   (bench.gpu.floor: `whole` for layout off, `blocks` for layout on), GPU idle
     up, ready     `make serve`'s scripts/serve.sh with the plan's profile, the layout service on;
@@ -135,11 +140,23 @@ def install(p: Pass) -> None:
     vllm.chmod(0o755)
 
 
+def install_layout(p: Pass) -> None:
+    pip = ["python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+           "--no-build-isolation", "--target", "/tmp/site032"]  # fmt: skip  # noqa: S108
+    if p.run([*pip, *map(str, sorted(ROOT.glob(".whl/*.whl")))]) or p.run([*pip, "engine/layout"]):
+        raise RuntimeError("install-layout failed")
+    versions = ("import torch, transformers, fastapi, uvicorn, ocrvl_layout; print('torch', "
+                "torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', "
+                "transformers.__version__, 'fastapi', fastapi.__version__, 'uvicorn', "
+                "uvicorn.__version__)")  # fmt: skip
+    p.run(["python3", "-c", versions])
+
+
 def prepare(p: Pass) -> None:
     engine = p.host["engine_python"]
-    model, layout = Path(p.path(p.host["model"])), Path(p.path(p.host["layout_model"]))
-    if not (model / "config.json").exists():
-        p.run([engine, "-m", "tests.support.tiny_model", str(model), "--full"])
+    if "model" in p.host and not (Path(p.path(p.host["model"])) / "config.json").exists():
+        p.run([engine, "-m", "tests.support.tiny_model", p.path(p.host["model"]), "--full"])
+    layout = Path(p.path(p.host["layout_model"]))
     if not (layout / "config.json").exists():
         p.run([engine, "-m", "bench.gpu.layout_checkpoint", str(layout)])
 
@@ -289,8 +306,9 @@ def report(p: Pass) -> None:
     writer.write(p.plan, p.res, p.out)
 
 
-STAGES = {"install": install, "prepare": prepare, "floor": floor, "vit": vit, "up": up,
-          "ready": ready, "report": report, "down": down}  # fmt: skip
+STAGES = {"install": install, "install-layout": install_layout, "prepare": prepare,
+          "floor": floor, "vit": vit, "up": up, "ready": ready, "report": report,
+          "down": down}  # fmt: skip
 
 
 def stages(p: Pass, words: list[str]) -> int:
