@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 from ocrvl_layout.detections import RawOutputs  # noqa: E402
 from ocrvl_layout.graphs import (  # noqa: E402
     GraphedForward,
+    ScalarFills,
     box_of_masks,
     capturable,
     size_for,
@@ -222,3 +223,55 @@ def test_the_full_size_forward_pass_copies_nothing_from_the_host_once_capturable
         assert copies.seen == []
     finally:
         module.mask_to_box_coordinate = now
+
+
+class CudaSetitem:
+    """`tensor[index] = number` on the meta device as torch does it on CUDA
+    (at::indexing::set_item): the number made a host tensor, then copied into the indexed view
+    (filled where the view has more than one element). On meta torch makes the number on the
+    device itself, so without this the test could not see the copies a CUDA pass makes."""
+
+    def __enter__(self) -> CudaSetitem:
+        self.real = torch.Tensor.__setitem__
+
+        def setitem(tensor: torch.Tensor, index: Any, value: Any) -> None:
+            if tensor.device.type != "meta" or not isinstance(value, int | float | bool):
+                self.real(tensor, index, value)
+                return
+            host = torch.tensor(value, dtype=tensor.dtype)
+            view = tensor[index]
+            view.copy_(host) if view.dim() == 0 else view.fill_(host)
+
+        torch.Tensor.__setitem__ = setitem  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        torch.Tensor.__setitem__ = self.real  # type: ignore[method-assign]
+
+
+def test_one_host_value_copied_to_the_device_is_a_fill_while_capturing() -> None:
+    """Under ScalarFills, a copy of one host value into a device tensor is a fill of it (a
+    graph can hold that); a copy of more than one value is left as it is (and fails a capture)."""
+    target = torch.zeros(3, 2, dtype=torch.long, device="meta")
+    with HostCopies() as copies, ScalarFills():
+        target[1, 0].copy_(torch.tensor(7))
+        target[2].copy_(torch.tensor([1, 2]))
+    assert copies.seen == ["aten.copy_.default"]  # the two-value copy alone
+
+
+def test_the_full_size_forward_pass_copies_nothing_from_the_host_under_scalar_fills() -> None:
+    """The full-size PP-DocLayoutV3 with CUDA's indexed writes: each pass copies its feature
+    levels' heights and widths from the host (what failed the first capture on a GPU), and
+    nothing under ScalarFills, as cuda_capture captures."""
+    from transformers import PPDocLayoutV3Config, PPDocLayoutV3ForObjectDetection  # noqa: PLC0415
+
+    with torch.device("meta"):
+        full = PPDocLayoutV3ForObjectDetection(PPDocLayoutV3Config()).eval()
+    pixels = torch.empty(2, 3, 800, 800, device="meta")
+    capturable()
+    with torch.inference_mode(), CudaSetitem(), HostCopies() as eager:
+        full(pixel_values=pixels)
+    with torch.inference_mode(), CudaSetitem(), HostCopies() as captured, ScalarFills():
+        full(pixel_values=pixels)
+    assert "aten.copy_.default" in eager.seen
+    assert captured.seen == []

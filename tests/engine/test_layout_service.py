@@ -1,18 +1,23 @@
-"""The layout service's life: settings it refuses, a checkpoint it cannot load, and readiness
-that waits for the warm-up (503 `not_ready` with Retry-After until then)."""
+"""The layout service's life: settings it refuses, a checkpoint it cannot load, readiness
+that waits for the warm-up (503 `not_ready` with Retry-After until then), and a client that
+leaves before its body is whole."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
-from tests.support.layout_service import ENGINE_VENV, ROOT, tiny_layout_dir
+from tests.support.layout_service import ENGINE_VENV, ROOT, start_layout_service, tiny_layout_dir
 from tests.support.servers import lifespan_client
 from tests.support.tiny_layout import CONFIG_LABELS, LABELS
 
@@ -154,3 +159,33 @@ def test_label_names_come_from_inference_yml_as_paddlex_reads_them(tmp_path: Pat
     (tmp_path / "inference.yml").write_text("label_list: [text, title]\n")
     with pytest.raises(CheckpointError, match="names 2 labels"):
         labels_of(tmp_path, own)
+
+
+def test_a_client_that_leaves_mid_body_is_counted_and_not_logged_as_an_error(
+    tmp_path: Path,
+) -> None:
+    """A real socket sends a request's head and part of its body, then closes (a load client
+    stopping, a gateway whose request was cancelled): the service counts it `closed`, logs no
+    error, and serves on (on an H100 each such request logged "unexpected error" and a
+    traceback, and counted `error`)."""
+    service = start_layout_service(tmp_path / "layout.log")
+    try:
+        address = urlsplit(service.url)
+        head = (b"POST /v1/layout HTTP/1.1\r\nHost: layout\r\nContent-Type: application/json"
+                b"\r\nContent-Length: 100000\r\n\r\n")  # fmt: skip
+        with socket.create_connection((address.hostname, address.port)) as raw:
+            raw.sendall(head + b'{"images": ["data:image/png;base64,' + b"A" * 1000)
+        counted = 'ocrvl_layout_requests_total{outcome="closed"} 1.0'
+        deadline, metrics = time.monotonic() + 60, ""
+        while counted not in metrics and time.monotonic() < deadline:
+            metrics = httpx.get(f"{service.url}/metrics", timeout=10).text
+            time.sleep(0.1)
+        still = httpx.get(f"{service.url}/ready", timeout=10).status_code
+    finally:
+        service.stop()  # every handler done and its log lines read before the checks below
+    log = (tmp_path / "layout.log").read_text()
+    assert counted in metrics
+    assert 'ocrvl_layout_requests_total{outcome="error"} 0.0' in metrics
+    assert still == 200
+    assert "unexpected error" not in log
+    assert "Exception in ASGI application" not in log

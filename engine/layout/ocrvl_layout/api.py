@@ -16,10 +16,12 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import ClientDisconnect
 
 from ocrvl_layout.batcher import Batcher
 from ocrvl_layout.detections import Candidates
 from ocrvl_layout.errors import (
+    ClientClosed,
     InvalidRequest,
     LayoutError,
     NotReady,
@@ -228,6 +230,9 @@ async def layout(request: Request, service: ServiceDep) -> Response:
     except Overloaded:
         outcome = "overloaded"
         raise
+    except ClientClosed:
+        outcome = "closed"
+        raise
     except NotReady:
         outcome = "not_ready"
         raise
@@ -374,11 +379,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
             f"the body is {declared} bytes; at most {limit} (--max-request-bytes)"
         )
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"the body is over {limit} bytes (--max-request-bytes)")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"the body is over {limit} bytes (--max-request-bytes)")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientClosed(f"the client closed the connection after {size} bytes") from None
     return b"".join(chunks)
 
 

@@ -4,6 +4,7 @@
     ├── WorkerLost           500     a worker process died twice on the request's pages
     ├── InvalidRequest       400     not JSON, no images, a bad override, an image that is not one
     ├── PayloadTooLarge      413     the body is over --max-request-bytes
+    ├── ClientClosed         499     the client left before its body was whole (nobody reads it)
     ├── NotReady             503     the model is still loading or warming up (Retry-After)
     └── Overloaded           503     the queue of pages is full (Retry-After)
 
@@ -74,6 +75,15 @@ class PayloadTooLarge(LayoutError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class ClientClosed(LayoutError):
+    """The client closed its connection before the whole body came (a load client stopping,
+    a gateway whose request was cancelled): nothing to answer, and no server error."""
+
+    status = 499
+    type = "client_closed"
+    code = "client_closed"
 
 
 class Unavailable(LayoutError):

@@ -20,7 +20,13 @@ pass where its config is `mask_enhanced` (the real checkpoint's, and the bench's
 `mask_to_box_coordinate` builds a 4-vector with `torch.tensor(..., device=...)`. `capturable`
 puts in its place the same function building that vector on the device (`box_of_masks`), before
 any capture; tests/engine/test_layout_graphs.py checks both give the same boxes and that no
-pass of the full-size config copies from the host then.
+pass of the full-size config copies from the host then. It makes more on CUDA alone, which the
+test's meta device cannot show: every pass writes each feature level's height and width into a
+device tensor (`spatial_shapes[level, 0] = height`), and on CUDA torch turns each int into a host
+tensor and copies it over (at::indexing::set_item). The first capture on a GPU (an H100, torch
+2.11) failed so ("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the
+CPU tensor is pinned"); `ScalarFills`, on while a graph is captured, makes each such copy of one
+host value a fill of that value, which a graph holds as a constant.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 log = logging.getLogger("ocrvl_layout")
 
@@ -100,6 +107,19 @@ def capturable() -> None:
         modeling.mask_to_box_coordinate = box_of_masks
 
 
+class ScalarFills(TorchDispatchMode):
+    """While active: a copy of one host value into a device tensor (or a fill from a host
+    tensor) is a fill of that value as a number (module docstring); every other op, and any
+    larger copy from the host, runs as it is."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in (torch.ops.aten.copy_.default, torch.ops.aten.fill_.Tensor):
+            target, source = args[0], args[1]
+            if source.device.type == "cpu" and target.device.type != "cpu" and source.numel() == 1:
+                return target.fill_(source.item())
+        return func(*args, **(kwargs or {}))
+
+
 class Graph(Protocol):
     """What torch.cuda.CUDAGraph gives here: record a pass once, replay it."""
 
@@ -127,7 +147,7 @@ def cuda_capture(device: torch.device) -> Capture:
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()  # eager passes' memory back before the graph's pool grows
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=pool), ScalarFills():
             out = run()
         return graph, out
 

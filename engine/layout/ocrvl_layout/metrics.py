@@ -13,7 +13,7 @@ from ocrvl_layout.model import gpu_memory
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 PAGE_BUCKETS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024)
-OUTCOMES = ("ok", "invalid", "overloaded", "not_ready", "error")
+OUTCOMES = ("ok", "invalid", "overloaded", "not_ready", "closed", "error")
 
 
 class GpuMemory(Collector):

@@ -193,7 +193,9 @@ class LayoutModel:
             except (RuntimeError, ValueError) as error:  # OutOfMemoryError is a RuntimeError
                 self.graphed = None
                 self.graphs = f"off (the capture failed: {str(error)[:200]})"
-                log.warning("CUDA graphs of the layout model: %s; it runs eager", error)
+                log.warning(
+                    "CUDA graphs of the layout model: %s; it runs eager", error, exc_info=True
+                )  # where in the pass: the next run's fix
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
         return self.graphs
