@@ -49,6 +49,8 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
     found = res / "vit-attention.json"
     vit = json.loads(found.read_text()) if found.exists() else None
     machines = [f["machine"] for f in floors.values()] + ([vit["machine"]] if vit else [])
+    if (res / "machine.json").exists():  # written by the `alone` stage
+        machines.append(json.loads((res / "machine.json").read_text()))
     gpu = next((m.get("gpu") or m["device"] for m in machines), "?")
     whole = floors.get("off", {"ms_per_page": nan, "definition": "not measured"})
     summary = method.summary(gpu, whole, variants, alone_figure, f"{plan['stem']}-raw.tar.gz")

@@ -248,6 +248,8 @@ def alone(p: Pass, index: int) -> None:
     if model == "tiny":
         model = os.environ.get("TINY_LAYOUT_DIR", ".cache/tiny-layout")
     ports = {name: p.ports["layout"] + 1 + n for n, name in enumerate(given["services"])}
+    if not (p.res / "machine.json").exists():  # the report's GPU where no floor ran
+        p.run([p.host["engine_python"], "-m", "bench.gpu.machine", str(p.res / "machine.json")])
     for name, port in ports.items():
         if not (WORK / f"layout-{name}.pid").exists():
             p.start(f"layout-{name}", [p.host["engine_python"], "-m", "ocrvl_layout", "--model",
