@@ -85,9 +85,29 @@ def test_the_h200_plan_keeps_method_2s_rules() -> None:
     assert given["window"]["latencies"] >= 10
     assert given["window"]["bin_s"] == 10
     parts = [int(call[0].split()[1]) for call in given["calls"] if call[0].startswith("receive")]
-    assert sorted(parts) == list(range(1, 38))
+    assert sorted(parts) == list(range(1, 40))  # 39 parts of 46 MiB of the 1,756 MiB set
     assert given["limit_s"] < 600
     assert given["host"]["profile"] == "h200-141gb"
+
+
+@pytest.mark.parametrize("name", ["h200-layout-graphs.json", "h100-layout-graphs.json"])
+def test_the_layout_graphs_plans_need_no_wheel_parts_and_alternate_their_settings(
+    name: str,
+) -> None:
+    """The layout service alone: `install-layout` first (no vLLM, no `receive`), its checkpoint
+    alone, as shipped against --no-cuda-graphs in A B B A A B, windows as method 2's."""
+    given = plan(name)
+    stages = [stage for call in given["calls"] for stage in call]
+    assert stages[:2] == ["install-layout", "prepare"]
+    assert not any(stage.startswith(("receive", "install ", "up", "window")) for stage in stages)
+    assert "model" not in given["host"]
+    assert [s for s in stages if s.startswith("alone")] == [f"alone {i}" for i in range(6)]
+    assert given["alone"]["services"]["eager"][-1] == "--no-cuda-graphs"
+    assert "--no-cuda-graphs" not in given["alone"]["services"]["default"]
+    assert method.order(list(given["alone"]["services"]), given["alone"]["windows"]) == [
+        "default", "eager", "eager", "default", "default", "eager"]  # fmt: skip
+    assert given["window"]["seconds"] >= 120
+    assert given["window"]["latencies"] >= 10
 
 
 def window_file(res: Path, name: str, rate_clients: int) -> None:
