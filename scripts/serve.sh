@@ -7,7 +7,8 @@
 # part that fails before all are up ends the start (exit 1): a wrong model or flag is no loop.
 #
 # Ctrl-C or SIGTERM stops all it started, at any point, the engines' start included: each process
-# runs in a process group of its own (setsid), sent SIGTERM by that group's id, then SIGKILL after
+# runs in a process group of its own (setsid), sent SIGTERM by that group's id (a serving vLLM
+# engine: its API server alone, which stops its EngineCore; signal_all), then SIGKILL after
 # STOP_GRACE_S (default 10) seconds; then an MPS daemon it started is sent `quit`. The same
 # happens when it exits for any other reason it can catch (a failed check).
 #
@@ -267,10 +268,20 @@ alive() {  # does any process of any group serve.sh started still run?
   done
   return 1
 }
-signal_all() {  # SIGNAL: to every group serve.sh started (to the process where setsid was not)
-  local pid
-  for pid in "${pid_of[@]}"; do
-    kill "-$1" -- "-$pid" 2>/dev/null || kill "-$1" "$pid" 2>/dev/null || true
+declare -A serving=()  # the engines whose /health has answered
+signal_all() {  # SIGNAL: to every group serve.sh started (to the process where setsid was not).
+  # SIGTERM to a serving engine goes to its API server alone, as `docker stop` and Kubernetes
+  # send it: the API server stops its EngineCore itself. Sent to the group, EngineCore got a
+  # second SIGTERM from the API server while it handled the first, and vLLM 0.32 hung there with
+  # its page half decoded (CI, 2026-12-05). An engine still starting gets it as a group.
+  local name pid
+  for name in "${!pid_of[@]}"; do
+    pid=${pid_of[$name]}
+    if [ "$1" = TERM ] && [ -n "${serving[$name]:-}" ]; then
+      kill -TERM "$pid" 2>/dev/null || true
+    else
+      kill "-$1" -- "-$pid" 2>/dev/null || kill "-$1" "$pid" 2>/dev/null || true
+    fi
   done
 }
 mps_owner="$CUDA_MPS_PIPE_DIRECTORY/make-serve.pid"
@@ -388,6 +399,7 @@ healthy() {  # wait for engine $1's /health while its process lives
     sleep 1
   done
   echo "make serve: engine $1 healthy on 127.0.0.1:$((vllm_port + $1))" >&2
+  serving[vllm-$((vllm_port + $1))]=1
 }
 
 # The layout service loads while the engines start; the gateway waits for both.
