@@ -82,9 +82,7 @@ class BackendPool:
         if problem is not None:
             backend.held_until = 0.0  # gone or broken: what answers next is a new engine
             backend.mark_down(problem)
-        elif monotonic() < backend.held_until:
-            backend.mark_down(backend.problem)  # still draining: it answers, but takes nothing
-        else:
+        elif monotonic() >= backend.held_until:  # a draining engine answers, but stays down
             if not backend.healthy:
                 log.info("backend %s is up, serving %s", backend.url, ", ".join(backend.models))
             backend.healthy, backend.problem, backend.held_until = True, "", 0.0

@@ -128,12 +128,15 @@ class Pass:
                 tar.add(log, arcname=f"logs/{log.name}")
 
 
+# pip into the host's /tmp/site032 (env.sh puts it first on PYTHONPATH), offline, no deps
+PIP = ["python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+       "--no-build-isolation", "--target", "/tmp/site032"]  # fmt: skip  # noqa: S108
+
+
 def install(p: Pass) -> None:
     if p.run(["bash", "bench/gpu/host/install.sh"]):
         raise RuntimeError("install failed")
-    pip = ["python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-           "--target", "/tmp/site032"]  # fmt: skip  # noqa: S108 (the host's /tmp)
-    p.run([*pip, *map(str, sorted(ROOT.glob(".whl/*.whl")))])
+    p.run([*PIP, *map(str, sorted(ROOT.glob(".whl/*.whl")))])
     Path("/tmp/bin").mkdir(exist_ok=True)  # noqa: S108 (serve.sh's VLLM_BIN: the GPU build)
     vllm = Path("/tmp/bin/vllm")  # noqa: S108
     vllm.write_text('#!/bin/sh\nexec python3 -m vllm.entrypoints.cli.main "$@"\n')
@@ -141,9 +144,7 @@ def install(p: Pass) -> None:
 
 
 def install_layout(p: Pass) -> None:
-    pip = ["python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-           "--no-build-isolation", "--target", "/tmp/site032"]  # fmt: skip  # noqa: S108
-    if p.run([*pip, *map(str, sorted(ROOT.glob(".whl/*.whl")))]) or p.run([*pip, "engine/layout"]):
+    if p.run([*PIP, *map(str, sorted(ROOT.glob(".whl/*.whl")))]) or p.run([*PIP, "engine/layout"]):
         raise RuntimeError("install-layout failed")
     versions = ("import torch, transformers, fastapi, uvicorn, ocrvl_layout; print('torch', "
                 "torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', "
