@@ -241,5 +241,10 @@ class LayoutModel:
             logits=outputs.logits.float(),
             pred_boxes=outputs.pred_boxes.float(),
             order_logits=outputs.order_logits.float(),
-            out_masks=outputs.out_masks,
+            # transformers' out_masks is a view into every decoder layer's masks (B, layers,
+            # queries, 200, 200): kept as it is, the last layer's held all of them alive (144
+            # MiB a page in bf16 at 6 layers), and each CUDA graph's static outputs its size's
+            # (2.2 GiB at rest for graphs of 1, 2, 4 and 8 pages on the H200). A copy of the last
+            # layer's alone lets the rest go with the pass.
+            out_masks=outputs.out_masks.clone(memory_format=torch.contiguous_format),
         )
