@@ -27,7 +27,13 @@ measured it:
                     5,722 MiB is 1.75x the modelled peak of 3,267 MiB (1.82x its own measured
                     peak) (gpu-h200-2026-12-03-pass13.md)
 
-so the share counts the allocator's reserve as `RESERVED_OVER_PEAK` (1.85, above all three
+    seventeenth     in CUDA graphs (the service's default on a GPU), alone on an H100, 64
+                    clients for 120 s: reserved 5,670 MiB at most, peak allocated 3,202 MiB:
+                    1.74x the modelled peak (gpu-h100-2026-12-05-layout-memory.md). Before
+                    the graphs' outputs stopped holding every decoder layer's masks it was
+                    7,072 MiB, 2.16x, on the H200 (gpu-h200-2026-12-05-layout-graphs.md)
+
+so the share counts the allocator's reserve as `RESERVED_OVER_PEAK` (1.85, above all four
 ratios) times the modelled peak:
 
     share = context + 1.85 x (0.23 + 0.37 x max batch + preprocessing at max batch) GiB

@@ -4,10 +4,16 @@
 
 RES holds what `bench.gpu.run` wrote: NN-VARIANT.json per window (bench.gpu.load's),
 alone-NN-SETTING.json (the layout service alone at each of the plan's `alone.services`; the
-first's median window is the summary's `layout_service_alone_pages_per_s`), floor-whole.json
+first's median window is the summary's `layout_service_alone_pages_per_s`; its /metrics before
+and after each window give each setting's `gpu_memory_mib`), floor-whole.json
 and floor-blocks.json (bench.gpu.floor's), vit-attention.json (bench.gpu.encoder_check's: the
 summary's `vit_attention`, the fastest within bounds per kind and batch). The `default`
 variant (layout off) is held to the `whole` floor, `layout` (layout on) to `blocks`.
+
+Where RES holds no layout-alone window and the plan names `alone_pass` (an earlier pass's
+STEM.json under the checkout, the layout service alone measured in a session of its own), the
+summary takes that pass's figures and names its raw tarball in `layout_service_alone_from`.
+A figure not measured is `null` in STEM.json (strict JSON: no NaN).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 from bench.gpu import method
 
 FLOORS = {"off": "floor-whole.json", "on": "floor-blocks.json"}
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
@@ -41,10 +48,14 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
             figure["of_floor"] = method.of_floor(figure["pages_per_s_by_count"], floor_ms)
             figures[v["name"]] = figure
     settings = plan["alone"]["services"]
-    alone = {name: [json.loads(f.read_text()) for f in sorted(res.glob(f"alone-*-{name}.json"))]
-             for name in settings}  # fmt: skip
-    alone = {name: method.median(windows) | {"flags": settings[name]}
-             for name, windows in alone.items() if windows}  # fmt: skip
+    found = {name: sorted(res.glob(f"alone-*-{name}.json")) for name in settings}
+    alone = {name: method.median([json.loads(f.read_text()) for f in files])
+             | {"flags": settings[name]} | memory(files)
+             for name, files in found.items() if files}  # fmt: skip
+    earlier = None
+    if not alone and plan.get("alone_pass"):
+        earlier = json.loads((ROOT / plan["alone_pass"]).read_text())
+        alone = earlier["layout_service_alone_by_setting"]
     alone_figure = next(iter(alone.values()), {}).get("pages_per_s_by_count")
     found = res / "vit-attention.json"
     vit = json.loads(found.read_text()) if found.exists() else None
@@ -55,9 +66,39 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
     whole = floors.get("off", {"ms_per_page": nan, "definition": "not measured"})
     summary = method.summary(gpu, whole, variants, alone_figure, f"{plan['stem']}-raw.tar.gz")
     summary["layout_service_alone_by_setting"] = alone
+    if earlier:
+        summary["layout_service_alone_from"] = earlier["raw"]
     if vit:
         summary["vit_attention"] = attention(vit)
     return {"summary": summary, "figures": figures, "alone": alone}
+
+
+def gauges(path: Path) -> dict[str, float]:
+    """The layout service's `ocrvl_layout_gpu_memory_bytes` gauges in a /metrics text, MiB by
+    kind (allocated, max_allocated, reserved, max_reserved); {} where the file is absent."""
+    if not path.exists():
+        return {}
+    found = {}
+    for line in path.read_text().splitlines():
+        if line.startswith('ocrvl_layout_gpu_memory_bytes{kind="'):
+            name, value = line.split(" ")
+            found[name.split('"')[1]] = float(value) / 2**20
+    return found
+
+
+def memory(windows: list[Path]) -> dict[str, Any]:
+    """A setting's GPU memory over its windows (the gauges the alone stage read before and after
+    each): PyTorch's most reserved and allocated since the service started (its start
+    included), and what it held allocated before its first window, at rest after the start."""
+    after = [gauges(w.with_suffix(".metrics-after.txt")) for w in windows]
+    before = gauges(windows[0].with_suffix(".metrics-before.txt"))
+    if not all(after) or not before:
+        return {}
+    return {"gpu_memory_mib": {
+        "max_reserved": max(g["max_reserved"] for g in after),
+        "max_allocated": max(g["max_allocated"] for g in after),
+        "allocated_at_rest": before["allocated"],
+    }}  # fmt: skip
 
 
 def attention(vit: dict[str, Any]) -> list[dict[str, Any]]:
@@ -112,11 +153,23 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
                       f"of its floor; every window flat: {figure['all_flat']}, steady: "
                       f"{figure['all_steady']}."]  # fmt: skip
         lines.append("")
+    if summary.get("layout_service_alone_from"):
+        lines.append(
+            f"The layout service alone was measured in a pass of its own: "
+            f"{summary['layout_service_alone_from']}.  "
+        )
     for name, alone in parts["alone"].items():
         low, high = alone["spread"]["min"], alone["spread"]["max"]
         lines.append(f"Layout service alone, {name} ({' '.join(alone['flags']) or 'defaults'}): "
                      f"{alone['pages_per_s_by_count']:.2f} pages/s (median window by count; "
                      f"spread {low:.2f}-{high:.2f}).  ")  # fmt: skip
+        if "gpu_memory_mib" in alone:
+            mib = alone["gpu_memory_mib"]
+            lines.append(f"GPU memory (PyTorch's, MiB, its start included): "
+                         f"{mib['max_reserved']:,.0f} reserved at most, "
+                         f"{mib['max_allocated']:,.0f} allocated at most, "
+                         f"{mib['allocated_at_rest']:,.0f} allocated at rest after the "
+                         "start.  ")  # fmt: skip
     lines += [] if parts["alone"] else ["Layout service alone: not measured."]
     rows = summary.get("vit_attention") or []
     if rows:
@@ -137,11 +190,24 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
 def write(plan: dict[str, Any], res: Path, out: Path) -> dict[str, Any]:
     """STEM.json and STEM.md into `out`; the summary."""
     parts = gather(plan, res)
+    summary = finite(parts["summary"])
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{plan['stem']}.json").write_text(json.dumps(parts["summary"], indent=1) + "\n")
+    (out / f"{plan['stem']}.json").write_text(json.dumps(summary, indent=1, allow_nan=False)
+                                              + "\n")  # fmt: skip
     (out / f"{plan['stem']}.md").write_text(markdown(plan, parts))
     print(markdown(plan, parts), flush=True)
-    return dict(parts["summary"])
+    return dict(summary)
+
+
+def finite(value: Any) -> Any:
+    """`value` with every NaN (a figure not measured) as None, for strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [finite(item) for item in value]
+    return value
 
 
 if __name__ == "__main__":

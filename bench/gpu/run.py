@@ -104,11 +104,12 @@ class Pass:
         """Until `url` answers 200 (a start takes minutes: a look every 2 s is the harness's
         pace, not a test's); RuntimeError with the log's tail if the process ended first."""
         pid = int((WORK / f"{name}.pid").read_text())
-        deadline = time.monotonic() + min(seconds, self.left() - 10)
+        began = time.monotonic()
+        deadline = began + min(seconds, self.left() - 10)
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(url, timeout=2):  # noqa: S310 (loopback)
-                    print(f"ready: {name} after {time.monotonic() - self.began:.0f} s", flush=True)
+                    print(f"ready: {name} (waited {time.monotonic() - began:.0f} s)", flush=True)
                     return
             except OSError:
                 pass

@@ -19,10 +19,10 @@ def plan(name: str) -> dict[str, Any]:
     return dict(json.loads((PLANS / name).read_text()))
 
 
-@pytest.mark.parametrize("name", ["h200-method2.json", "h200-vit-alone.json", "cpu-rehearsal.json"])
+@pytest.mark.parametrize("name", sorted(path.name for path in PLANS.glob("*.json")))
 def test_every_call_names_stages_the_harness_has(name: str) -> None:
     """Each call's words are stages (with a part number or a window index after `receive`,
-    `window` and `alone`); every window of each A B B A order is run once."""
+    `window` and `alone`); every window of each A B B A order is run once, in every plan."""
     given = plan(name)
     words = " ".join(" ".join(call) for call in given["calls"]).split()
     indices: dict[str, list[int]] = {"receive": [], "window": [], "alone": []}
@@ -179,3 +179,65 @@ def test_the_report_tables_the_vit_attention_and_names_the_fastest_within_bounds
                              "plugin cudnn": 170.0, "vllm TORCH_SDPA": 280.0}  # fmt: skip
     text = (out / f"{given['stem']}.md").read_text()
     assert "| blocks | 8 | 10144 | 300.00 | 36.00 | 20.00 ! | 230.00 | plugin vllm |" in text
+
+
+def gauges_file(path: Path, allocated: float, max_allocated: float, max_reserved: float) -> None:
+    """The layout service's memory gauges in /metrics text (MiB given, bytes written)."""
+    lines = [
+        "# HELP ocrvl_layout_gpu_memory_bytes torch's CUDA allocator in this process",
+        f'ocrvl_layout_gpu_memory_bytes{{kind="allocated"}} {allocated * 2**20:e}',
+        f'ocrvl_layout_gpu_memory_bytes{{kind="max_allocated"}} {max_allocated * 2**20:e}',
+        f'ocrvl_layout_gpu_memory_bytes{{kind="reserved"}} {max_reserved * 2**20:e}',
+        f'ocrvl_layout_gpu_memory_bytes{{kind="max_reserved"}} {max_reserved * 2**20:e}',
+        "ocrvl_layout_pages_total 10.0",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_the_report_gives_each_layout_settings_gpu_memory_from_its_gauges(
+    tmp_path: Path,
+) -> None:
+    """Two windows of each setting with the gauges read before and after: the most reserved and
+    allocated over its windows, and what it held at rest before its first; STEM.md says them."""
+    given = plan("h200-layout-graphs.json")
+    res, out = tmp_path / "res", tmp_path / "out"
+    res.mkdir()
+    at_rest = {"default": 542.0, "eager": 97.0}
+    for index, setting in enumerate(method.order(["default", "eager"], 2)):
+        name = f"alone-{index:02d}-{setting}"
+        window_file(res, name, 8)
+        top = 5000.0 + 100 * index if setting == "default" else 4000.0
+        gauges_file(res / f"{name}.metrics-before.txt", at_rest[setting], 3000.0, top - 50)
+        gauges_file(res / f"{name}.metrics-after.txt", at_rest[setting], 3200.0, top)
+    summary = report.write(given, res, out)
+    by_setting = summary["layout_service_alone_by_setting"]
+    assert by_setting["default"]["gpu_memory_mib"] == {
+        "max_reserved": pytest.approx(5300.0), "max_allocated": pytest.approx(3200.0),
+        "allocated_at_rest": pytest.approx(542.0)}  # fmt: skip
+    assert by_setting["eager"]["gpu_memory_mib"]["max_reserved"] == pytest.approx(4000.0)
+    text = (out / f"{given['stem']}.md").read_text()
+    assert "5,300 reserved at most, 3,200 allocated at most, 542 allocated at rest" in text
+
+
+def test_a_pass_without_the_layout_service_alone_takes_its_earlier_pass_and_writes_strict_json(
+    tmp_path: Path,
+) -> None:
+    """The method-2 plan's windows but no layout-alone window and no floor: the summary's
+    layout-alone figures are those of the pass `alone_pass` names (committed under
+    bench/results), with its raw tarball named; the floor not measured is null, not NaN."""
+    given = plan("h200-method2.json")
+    earlier = json.loads((PLANS.parents[2] / given["alone_pass"]).read_text())
+    res, out = tmp_path / "res", tmp_path / "out"
+    res.mkdir()
+    for index, turn in enumerate(method.order(["default", "layout"], 3)):
+        window_file(res, f"{index:02d}-{turn}", 8)
+    summary = report.write(given, res, out)
+    strict = json.loads((out / "gpu-h200-method2.json").read_text(), parse_constant=pytest.fail)
+    assert strict == summary
+    assert summary["floor"]["ms_per_page"] is None
+    assert summary["layout_service_alone_pages_per_s"] == (
+        earlier["layout_service_alone_by_setting"]["default"]["pages_per_s_by_count"])  # fmt: skip
+    assert summary["layout_service_alone_from"] == earlier["raw"]
+    assert (PLANS.parents[1] / "results" / earlier["raw"]).exists()
+    text = (out / "gpu-h200-method2.md").read_text()
+    assert f"measured in a pass of its own: {earlier['raw']}" in text
