@@ -56,7 +56,7 @@ def make_serve(
         **engine_environment(),
         "OCRVL_API_KEYS": "sk-local",
         "OCRVL_BACKEND_API_KEY": BACKEND,  # the engines' key (serve.sh's own is random)
-        "STOP_GRACE_S": "60",  # the last test's page drains past serve.sh's default 10 s
+        "STOP_GRACE_S": "90",  # the last test's page drains past serve.sh's default 10 s
         "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
     }
     with log.open("wb") as out:
@@ -161,6 +161,14 @@ def test_two_engines_serve_through_one_gateway(make_serve: Serving) -> None:
     assert sum(served) >= 8
 
 
+PAGE_TOKENS = 2000
+"""The page in flight at the Ctrl-C: long enough that it is still decoding once the test has
+seen it at an engine and sent the signal. The tiny model decodes ~300 tokens/s on an idle core,
+so 600 lasted ~2 s, and on CI's busy cores two reads of the engines' /metrics took longer: the
+page had ended before the test saw it running. 2,000 last ~7 s idle; well under the engine's
+`shutdown-timeout` (90 s) and STOP_GRACE_S (90) even at a sixth of that pace."""
+
+
 def test_ctrl_c_answers_the_page_in_flight_then_stops_everything(make_serve: Serving) -> None:
     """Ctrl-C while an engine decodes a page: the gateway and the engine both drain (the
     engine's `shutdown-timeout`, vllm_configs/cpu.yaml; vLLM's default aborts it), so the page
@@ -171,15 +179,15 @@ def test_ctrl_c_answers_the_page_in_flight_then_stops_everything(make_serve: Ser
     vllm_port, port, log, process = make_serve
     ports = (vllm_port, vllm_port + 1)
     body = {"model": "PaddleOCR-VL", "messages": [{"role": "user", "content": "OCR:"}],
-            "max_tokens": 600, "ignore_eos": True}  # fmt: skip
-    with ThreadPoolExecutor(1) as pool:
+            "max_tokens": PAGE_TOKENS, "ignore_eos": True}  # fmt: skip
+    with ThreadPoolExecutor(1) as pool, httpx.Client(timeout=5) as probe:
         answer = pool.submit(
             httpx.post, f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
             headers={"authorization": "Bearer sk-local"}, timeout=120,
         )  # fmt: skip
         deadline = time.monotonic() + 30
         while not (busy := [p for p in ports if running_requests(
-                httpx.get(f"http://127.0.0.1:{p}/metrics", timeout=5).text) > 0]):  # fmt: skip
+                probe.get(f"http://127.0.0.1:{p}/metrics").text) > 0]):  # fmt: skip
             assert not answer.done(), answer.result().text
             assert time.monotonic() < deadline, "the page never reached an engine"
             time.sleep(0.02)
@@ -200,7 +208,7 @@ def test_ctrl_c_answers_the_page_in_flight_then_stops_everything(make_serve: Ser
         )  # fmt: skip
         response = answer.result()
     assert response.status_code == 200, response.text + _tail(log)
-    assert response.json()["usage"]["completion_tokens"] == 600
+    assert response.json()["usage"]["completion_tokens"] == PAGE_TOKENS
     assert refused.status_code == 500, refused.text
     assert stopping(backend_error(refused.status_code, refused.content)), refused.text
     process.wait(timeout=90)
