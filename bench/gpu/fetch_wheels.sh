@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Gather the wheel set of a pinned list (default bench/gpu/wheels_032.txt: vLLM 0.32.0 + torch
 # 2.13.0 for the offline H200 host, Python 3.12), tar it and split it into parts of PART_MIB MiB
-# (default 46: a part and the checkout, 15.6 MiB of disk at the end of 2026-12-05, stay under the 64 MiB a call
-# carries, counted as disk use; bench/gpu/README.md).
+# (default 46: a part and the checkout, 16.9 MiB of disk after the 2026-12-05 passes, stay under
+# the 64 MiB a call carries, counted as disk use; bench/gpu/README.md).
 #   bash bench/gpu/fetch_wheels.sh DEST [LIST]     (DEST: a git-ignored folder of the checkout)
 # Wheels already in $WHEEL_CACHE (default /tmp/vdl) are copied instead of downloaded.
 # Leaves DEST/chunk1 ... DEST/chunkN (one part each) and DEST/SHA256 (of the whole tar), plus
