@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from bench.gpu import method
 
 FLOORS = {"off": "floor-whole.json", "on": "floor-blocks.json"}
@@ -48,10 +50,10 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
             figure["of_floor"] = method.of_floor(figure["pages_per_s_by_count"], floor_ms)
             figures[v["name"]] = figure
     settings = plan["alone"]["services"]
-    found = {name: sorted(res.glob(f"alone-*-{name}.json")) for name in settings}
+    by_setting = {name: sorted(res.glob(f"alone-*-{name}.json")) for name in settings}
     alone = {name: method.median([json.loads(f.read_text()) for f in files])
              | {"flags": settings[name]} | memory(files)
-             for name, files in found.items() if files}  # fmt: skip
+             for name, files in by_setting.items() if files}  # fmt: skip
     earlier = None
     if not alone and plan.get("alone_pass"):
         earlier = json.loads((ROOT / plan["alone_pass"]).read_text())
@@ -78,12 +80,9 @@ def gauges(path: Path) -> dict[str, float]:
     kind (allocated, max_allocated, reserved, max_reserved); {} where the file is absent."""
     if not path.exists():
         return {}
-    found = {}
-    for line in path.read_text().splitlines():
-        if line.startswith('ocrvl_layout_gpu_memory_bytes{kind="'):
-            name, value = line.split(" ")
-            found[name.split('"')[1]] = float(value) / 2**20
-    return found
+    samples = (s for f in text_string_to_metric_families(path.read_text()) for s in f.samples)
+    return {s.labels["kind"]: s.value / 2**20 for s in samples
+            if s.name == "ocrvl_layout_gpu_memory_bytes"}  # fmt: skip
 
 
 def memory(windows: list[Path]) -> dict[str, Any]:
