@@ -144,7 +144,8 @@ class Settings(BaseSettings):
     keepalive_expiry: float = Field(
         default=4.0,
         gt=0,
-        description="Idle upstream connections are dropped after this; below vLLM's 5 s.",
+        description="Idle upstream connections (engines, layout services) are dropped after "
+        "this; below vLLM's 5 s keep-alive.",
     )
     # -- documents (/v1/ocr) and remote images (docs/ocr.md) --
     preprocess_workers: int = Field(

@@ -307,7 +307,12 @@ async def open_layouts(settings: Settings, stack: AsyncExitStack) -> LayoutServi
         return None
     client = httpx.AsyncClient(
         timeout=httpx.Timeout(settings.layout_timeout, connect=settings.connect_timeout),
-        limits=httpx.Limits(max_connections=settings.max_connections),
+        # idle connections go after OCRVL_KEEPALIVE_EXPIRY (4 s), before the service's uvicorn
+        # closes them (5 s by default, 75 s for ocrvl_layout): httpx's own 5 s raced uvicorn's,
+        # and a probe that took a connection as the service closed it marked the service down
+        limits=httpx.Limits(
+            max_connections=settings.max_connections, keepalive_expiry=settings.keepalive_expiry
+        ),
         trust_env=False,  # a host's HTTP_PROXY must not capture the pages
     )
     await stack.enter_async_context(client)

@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8320)
     parser.add_argument("--forward", help="the real layout service's base URL")
     args = parser.parse_args(argv)
+    # keep-alive past the gateway's 4 s (OCRVL_KEEPALIVE_EXPIRY): the gateway closes first
     uvicorn.run(app(args.forward), host=args.host, port=args.port, log_level="warning",
-                access_log=False)  # fmt: skip
+                access_log=False, timeout_keep_alive=75)  # fmt: skip
     return 0
 
 

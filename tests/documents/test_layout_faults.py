@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import anyio
 import httpx
 import orjson
 import pytest
+from starlette.types import Receive, Scope, Send
 
+from app.documents.layouts import open_layouts
 from app.main import create_app
 from tests.conftest import settings_for
 from tests.documents.test_layout_gateway import (
@@ -277,3 +280,42 @@ async def test_ready_reports_the_layout_service_and_can_require_it(required: boo
     assert down.json()["error"]["code"] == "layout_unavailable"
     assert "OCRVL_READY_REQUIRES_LAYOUT" in down.json()["error"]["message"]
     assert int(down.headers["retry-after"]) >= 1
+
+
+class ReadyCounter:
+    """A fake layout service's `GET /ready` (always 200) that records each probe's client
+    address: one (host, port) per connection the gateway opened."""
+
+    def __init__(self) -> None:
+        self.peers: list[tuple[str, int]] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        host, port = scope["client"]
+        self.peers.append((host, port))
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": b"{}"})
+
+
+async def test_an_idle_layout_connection_is_let_go_by_the_gateway_before_the_service() -> None:
+    """The gateway drops a layout connection idle for OCRVL_KEEPALIVE_EXPIRY, as it does the
+    engines', so no probe or page is sent on one the service is closing (httpx's own 5 s raced
+    uvicorn's 5 s: the 2026-12-05 H200 pass logged "/ready: connection closed mid-answer" and
+    the service was out of rotation until the next probe). Probes back to back share one
+    connection; probes further apart than the expiry use two."""
+    ready = ReadyCounter()
+    with ThreadedServer(ready, lifespan="off", timeout_keep_alive=75) as layout:
+        settings = settings_for("http://127.0.0.1:1", layout_url=layout.url,
+                                keepalive_expiry=0.3, health_interval=3600)  # fmt: skip
+        async with AsyncExitStack() as stack:
+            service = await open_layouts(settings, stack)
+            assert service is not None
+            assert service.ready()
+            await service.probe_all()  # back to back: the same connection
+            await anyio.sleep(0.6)  # idle past the expiry (0.3 s)
+            await service.probe_all()
+    assert len(ready.peers) == 3
+    assert ready.peers[0] == ready.peers[1]
+    assert ready.peers[2] != ready.peers[1]

@@ -105,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     from ocrvl_layout.api import create_app  # noqa: PLC0415
 
     app = create_app(settings, on_ready=on_ready, on_fatal=on_fatal)
-    config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on")
+    # keep-alive past the gateway's (OCRVL_KEEPALIVE_EXPIRY, 4 s): the client closes an idle
+    # connection first, so no request is sent on one this server is closing
+    config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on",
+                            timeout_keep_alive=75)  # fmt: skip
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
     return 1 if failed else 0
