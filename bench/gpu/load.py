@@ -8,9 +8,13 @@
 off and `max_tokens` the page's drawn length (read by blocks: each block its share, as
 `corpus.split` says). `--api layout`: the layout service's `POST /v1/layout`, one page a request.
 C clients start evenly over the ramp, each sending its next page when its answer is in; pages
-come in a seeded order (the profiles turn vLLM's prefix and multimodal caches off, so a page sent
-again costs what it did the first time). The window is decided online by `bench.gpu.method` and
-the load then stops (requests still in flight are cancelled and kept as such).
+come in a seeded order. A page sent again must cost what it did the first time: the profiles turn
+vLLM's prefix and multimodal caches off, and every request says `"cache": false`, so the
+gateway's results cache neither answers nor keeps it (the 2026-12-05 H200 pass ran without it and
+measured the cache: bench/results/README.md). An answer marked `cached` all the same is recorded
+as status `cached`, not counted, and fails the window. The window is decided online by
+`bench.gpu.method` and the load then stops (requests still in flight are cancelled and kept as
+such).
 
 Writes DIR/NAME.requests.csv (every request: client, start, end, status, tokens, page; seconds
 from the load's start) and DIR/NAME.json (settings and the window's figures, which
@@ -57,6 +61,12 @@ def pages(count: int, lengths: corpus.Lengths) -> list[Page]:
     return made
 
 
+def outcome(read: dict[str, Any]) -> str:
+    """A page's status in the CSV: `page_error`, `cached` (the results cache answered: no
+    engine work, so not counted) or 200."""
+    return "page_error" if read.get("error") else "cached" if read.get("cached") else "200"
+
+
 class Load:
     """One window's run: its requests, records and the window once decided."""
 
@@ -84,7 +94,8 @@ class Load:
         tokens = (
             page.tokens if self.args.layout == "off" else corpus.split(page.tokens, page.blocks)
         )
-        tail = orjson.dumps({"layout": self.args.layout, "max_tokens": tokens})[1:]
+        tail = orjson.dumps({"layout": self.args.layout, "max_tokens": tokens, "cache": False})
+        tail = tail[1:]
         return "/v1/ocr", b'{"file":"' + page.url + b'",' + tail
 
     async def one(self, http: httpx.AsyncClient, worker: int, page: Page) -> None:
@@ -100,7 +111,7 @@ class Load:
             if reply.status_code == 200 and self.args.api == "ocr":
                 read = reply.json()["pages"][0]
                 tokens = int((read.get("usage") or {}).get("completion_tokens") or 0)
-                status = "page_error" if read.get("error") else status
+                status = outcome(read)
         except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
             status = type(exc).__name__
         del self.flying[key]

@@ -48,6 +48,8 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
         if windows:
             figure = method.median(windows)
             figure["of_floor"] = method.of_floor(figure["pages_per_s_by_count"], floor_ms)
+            # every answer 200, the engines' work: none an error, none the results cache's
+            figure["all_200"] = all(set(w.get("statuses", {})) <= {"200"} for w in windows)
             figures[v["name"]] = figure
     settings = plan["alone"]["services"]
     by_setting = {name: sorted(res.glob(f"alone-*-{name}.json")) for name in settings}
@@ -150,7 +152,8 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
                       f"{100 * (spread['relative'] or 0):.1f} %): "
                       f"**{100 * figure['of_floor']:.1f} %** "
                       f"of its floor; every window flat: {figure['all_flat']}, steady: "
-                      f"{figure['all_steady']}."]  # fmt: skip
+                      f"{figure['all_steady']}, every answer 200 (the engines'): "
+                      f"{figure['all_200']}."]  # fmt: skip
         lines.append("")
     if summary.get("layout_service_alone_from"):
         lines.append(

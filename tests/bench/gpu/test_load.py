@@ -38,9 +38,11 @@ def test_a_window_of_varied_pages_through_the_gateway_is_steady_and_its_csv_reco
     """4 clients, 0.2 s answers: every page answered 200, the window holds 3 s and 5 latencies,
     pages/s by count at most C / 0.2 s and by latency the same (Little's law); the engine saw
     each page's drawn length as max_tokens (not one length);
-    every request is in the CSV with its page, and the figures recompute from it."""
+    every request is in the CSV with its page, and the figures recompute from it. The gateway's
+    results cache is on (its default), yet every page answered was the engine's work: 14 pages
+    cycled would otherwise be answered from the cache after their first reading."""
     with serving(FakeVLLM(delay=SERVICE_S)) as fake, \
-            ThreadedServer(create_app(settings_for(fake.url))) as gateway:  # fmt: skip
+            ThreadedServer(create_app(settings_for(fake.url, cache="on"))) as gateway:  # fmt: skip
         report = run(tmp_path, gateway.url, "--concurrency", "4", "--api", "ocr")
     assert report["statuses"] == {"200": report["answered"]}
     assert report["steady"] is True
@@ -60,9 +62,22 @@ def test_a_window_of_varied_pages_through_the_gateway_is_steady_and_its_csv_reco
     assert len(pages) > 7  # several kinds of page, cycled in a seeded order
     records = load.read_records(tmp_path / "w.requests.csv")
     assert len(records) == report["requests"]
+    answered = [r for r in records if r.ok]
+    assert len(answered) > 14  # pages read more than once in the whole load
+    assert len(fake.bodies) >= len(answered)  # every one of them by the engine
     again = method.window(records, *report["span_s"], window_s=3.0, latencies=5.0, bin_s=1.0)
     for key in method.WINDOW_KEYS:
         assert again[key] == pytest.approx(report[key])
+
+
+def test_a_page_the_results_cache_answered_is_not_counted() -> None:
+    """A page marked cached cost no engine work: its status is `cached`, not 200, so it is not
+    counted and the window fails (load exits 1 on any status but 200)."""
+    assert load.outcome({"text": "x", "cached": True}) == "cached"
+    assert load.outcome({"error": {"message": "x"}}) == "page_error"
+    assert load.outcome({"text": "x"}) == "200"
+    records = [method.Record(0, 0.0, 1.0, load.outcome({"cached": True}), 9)]
+    assert not any(r.ok for r in records)
 
 
 def test_the_layout_api_window_reads_the_stand_ins_boxes(tmp_path: Path) -> None:
