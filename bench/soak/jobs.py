@@ -31,7 +31,8 @@ async def run_job(clients: Clients, data: bytes, pages: int, records: list[JobRe
     """Submit `data`, long-poll it until it ends (or `deadline`, in run seconds), check it."""
     attempts: list[Attempt] = []
     started = clients.now()
-    fields = {"max_tokens": str(clients.max_tokens)}
+    # the same PDF every time: the results cache must not answer it, or no engine reads it
+    fields = {"max_tokens": str(clients.max_tokens), "cache": "false"}
     response = await clients.send(
         "POST", "/v1/ocr/jobs", attempts, files={"file": ("j.pdf", data)}, data=fields
     )
