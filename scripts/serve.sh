@@ -322,6 +322,14 @@ stop() {
 # failed to start, a failed check) stops the rest and keeps its failing status.
 trap 'stop; echo "make serve: stopped" >&2; exit 0' INT TERM
 trap stop EXIT
+# A shell cannot trap a signal it was started with ignored: a shell without job control (a
+# script) starts what it backgrounds (`make serve &`) so, and Ctrl-C then stops nothing. Said here.
+case $(trap -p INT) in
+  *stop*) ;;
+  *) [ -n "$dry" ] || echo "make serve: SIGINT is ignored here (inherited from the process that" \
+       "started make serve, e.g. a script running it in the background): Ctrl-C does not stop" \
+       "it; SIGTERM does" >&2 ;;
+esac
 
 if [ "$mps" = 1 ]; then
   if ! command -v nvidia-cuda-mps-control >/dev/null; then

@@ -54,6 +54,23 @@ hypothesis.settings.register_profile(
 )
 hypothesis.settings.load_profile("ocrvl")
 
+# The tests that press Ctrl-C (SIGINT to make serve's group, to `ocrvl ocr --job`) need it to
+# reach their processes as it reaches a terminal's foreground job: at its default disposition.
+# A shell without job control starts what it backgrounds (`pytest ... &`, `bash .ci/run &`)
+# with SIGINT ignored, and every process below inherits that: bash cannot trap a signal ignored
+# on entry (serve.sh's INT trap silently never ran), Python installs no KeyboardInterrupt, and
+# both tests waited out their timeouts (CI, 2026-12-05). Python's own handler here restores it:
+# a signal handled here starts at its default in every process the tests start.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def ignored_signals(pid: int) -> set[int]:
+    """The signals process `pid` ignores (its SigIgn mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(x for x in status.splitlines() if x.startswith("SigIgn:")).split()[1], 16)
+    return {number for number in range(1, 65) if mask >> (number - 1) & 1}
+
 
 @pytest.fixture
 def anyio_backend() -> str:

@@ -163,10 +163,12 @@ def follow(http: Any, file: Path, fields: dict[str, str], out: Path | None, fmt:
     with file.open("rb") as handle:
         files = {"file": (file.name, handle, "application/octet-stream")}
         job = _checked(http.post("/v1/ocr/jobs", data=fields, files=files)).json()
-    print(f"{file.name}: job {job['id']}", file=sys.stderr)
     progress = Progress(file.name, sys.stderr)
-    progress.start(job["pages_total"])
+    # Ctrl-C from the moment the job exists (its id on the terminal included) leaves it running
+    # and says how to pick it up: never a traceback, however soon after the id it comes.
     try:
+        print(f"{file.name}: job {job['id']}", file=sys.stderr)
+        progress.start(job["pages_total"])
         while job["status"] in ("queued", "running"):
             time.sleep(POLL_EVERY)
             job = _checked(http.get(f"/v1/ocr/jobs/{job['id']}")).json()

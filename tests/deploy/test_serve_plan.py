@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, VENV_BIN
+from tests.support.servers import free_port, free_ports
 
 SERVE = ROOT / "scripts" / "serve.sh"
 ROOT_VENV = ".venv"  # serve.sh's VENV default, as it prints it
@@ -271,3 +272,31 @@ def test_distinct_ports_start_every_part() -> None:
     assert status == 0, output
     assert len(engines(output)) == 2
     assert layout_command(output)
+
+
+@pytest.mark.parametrize("ctrl_c", ["ignored", "default"])
+def test_started_with_ctrl_c_ignored_it_says_ctrl_c_will_not_stop_it(
+    ctrl_c: str, tmp_path: Path
+) -> None:
+    """A shell without job control starts what it backgrounds (`make serve &` in a script) with
+    SIGINT ignored, and no trap can undo that: serve.sh says so at start (SIGTERM still stops
+    it), and says nothing of it where Ctrl-C works. (Its log folder under a file: it ends right
+    after, before it starts anything.)"""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    own = ("OCRVL_", "MPS", "ENGINES", "LAYOUT", "PROFILE", "MODEL", "VLLM_BIN", "DRY_RUN")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(own)}
+    environment |= {
+        "MODEL": str(tmp_path), "LAYOUT": "off", "VLLM_BIN": "",
+        "ENGINE_LOG_DIR": str(blocker / "logs"), "VLLM_PORT": str(free_ports(1)),
+        "PORT": str(free_port()),
+    }  # fmt: skip
+    ignore = 'trap "" INT; ' if ctrl_c == "ignored" else ""
+    result = subprocess.run(
+        ["bash", "-c", f'{ignore}exec bash "$0"', str(SERVE)], cwd=ROOT, env=environment,
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "mkdir" in result.stderr, result.stderr  # it ended where it was meant to
+    said = "make serve: SIGINT is ignored here" in result.stderr
+    assert said == (ctrl_c == "ignored"), result.stderr
