@@ -65,13 +65,6 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def ignored_signals(pid: int) -> set[int]:
-    """The signals process `pid` ignores (its SigIgn mask in /proc)."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    mask = int(next(x for x in status.splitlines() if x.startswith("SigIgn:")).split()[1], 16)
-    return {number for number in range(1, 65) if mask >> (number - 1) & 1}
-
-
 @pytest.fixture
 def anyio_backend() -> str:
     """The in-process tests run on asyncio, as uvicorn does."""
@@ -156,6 +149,13 @@ class GatewayServer:
 def running_requests(metrics_text: str) -> float:
     """vLLM's own count of requests it is running, from its /metrics text."""
     return metric(metrics_text, "vllm:num_requests_running")
+
+
+def decoded_to_the_end(metrics_text: str) -> float:
+    """Requests vLLM finished by decoding them to their end (a stop or max_tokens), not by an
+    abort, from its /metrics text."""
+    ended = metric(metrics_text, "vllm:request_success_total")
+    return ended - metric(metrics_text, "vllm:request_success_total", finished_reason="abort")
 
 
 def _tail(path: Path, lines: int = 60) -> str:

@@ -24,7 +24,7 @@ from tests.engine.test_layout_api import BAD_BODIES, SMALL_PNG, page_url, post
 from tests.support.layout_pages import layout_page
 from tests.support.layout_service import LayoutService, start_layout_service, tiny_layout_dir
 from tests.support.pages import data_url
-from tests.support.servers import lifespan_client
+from tests.support.servers import ignored_signals, lifespan_client
 
 pytestmark = pytest.mark.engine
 ADDRESS = re.compile(r"0x[0-9a-f]+")
@@ -231,13 +231,6 @@ def test_a_killed_worker_is_replaced_and_the_next_request_succeeds(tmp_path: Pat
         assert victim not in workers_of(service)
     finally:
         service.stop()
-
-
-def ignored_signals(pid: int) -> set[int]:
-    """The signals `pid` ignores (its SigIgn mask in /proc)."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    mask = int(next(x for x in status.splitlines() if x.startswith("SigIgn:")).split()[1], 16)
-    return {number for number in range(1, 65) if mask >> (number - 1) & 1}
 
 
 def test_workers_and_their_fork_server_leave_sigint_and_sigterm_to_the_service(

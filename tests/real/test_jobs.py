@@ -25,13 +25,14 @@ from tests.conftest import (
     GatewayServer,
     VLLMServer,
     _stop,
-    ignored_signals,
+    decoded_to_the_end,
     running_requests,
     start_gateway,
 )
 from tests.support.documents import pdf
 from tests.support.prometheus import metric
 from tests.support.redis_server import RedisServer
+from tests.support.servers import ignored_signals
 
 pytestmark = [pytest.mark.vllm]
 MAX_PIXELS = "200704"  # the tiny checkpoint's processor maximum: quick CPU pages
@@ -106,12 +107,9 @@ def engine_successes(vllm: VLLMServer) -> float:
     return metric(text, "vllm:request_success_total")
 
 
-def decoded_to_the_end(vllm: VLLMServer) -> float:
-    """Requests the engine finished by decoding them to their end (a stop or max_tokens), not
-    by an abort, from its own /metrics."""
-    text = httpx.get(f"{vllm.url}/metrics", timeout=5).text
-    ended = metric(text, "vllm:request_success_total")
-    return ended - metric(text, "vllm:request_success_total", finished_reason="abort")
+def decoded(vllm: VLLMServer) -> float:
+    """Requests the engine decoded to their end, not aborted, from its own /metrics."""
+    return decoded_to_the_end(httpx.get(f"{vllm.url}/metrics", timeout=5).text)
 
 
 def engine_idle(vllm: VLLMServer, timeout: float = 120) -> None:
@@ -177,7 +175,7 @@ def test_cancel_mid_job_frees_its_pages_on_vllm(
     """Pages of long answers running on the engine; DELETE: the engine stops them (none runs on
     to its end), and the job is cancelled with its document gone; the pages it finished stay
     readable until its TTL, marked `cancelled`."""
-    decoded = decoded_to_the_end(vllm_server)
+    before = decoded(vllm_server)
     response = submit(jobs_server, pdf(10), max_tokens="3000")
     job_id = response.json()["id"]
     deadline = time.monotonic() + 120
@@ -194,7 +192,7 @@ def test_cancel_mid_job_frees_its_pages_on_vllm(
         engine_idle(vllm_server)
         status = http.get(f"/v1/ocr/jobs/{job_id}").json()
         assert status["status"] == "cancelled"
-        assert decoded_to_the_end(vllm_server) - decoded <= status["pages_done"], status
+        assert decoded(vllm_server) - before <= status["pages_done"], status
         result = http.get(f"/v1/ocr/jobs/{job_id}/result")
         assert result.status_code == 200, result.text
         assert result.headers["x-ocr-job-status"] == "cancelled"

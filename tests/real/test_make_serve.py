@@ -22,13 +22,13 @@ from tests.conftest import (
     ROOT,
     VENV_BIN,
     _tail,
+    decoded_to_the_end,
     engine_environment,
-    ignored_signals,
     running_requests,
     wait_until_up,
 )
 from tests.support.prometheus import metric
-from tests.support.servers import free_port, free_ports
+from tests.support.servers import free_port, free_ports, ignored_signals
 
 pytestmark = pytest.mark.vllm
 BACKEND = "sk-backend-make-serve-test"
@@ -115,13 +115,6 @@ def test_readme_snippet_returns_a_completion(make_serve: Serving) -> None:
     )
     assert result.returncode == 0, result.stderr + _tail(log)
     assert result.stdout.strip()
-
-
-def decoded_to_the_end(metrics_text: str) -> float:
-    """Requests the engine finished by decoding them to their end (a stop or max_tokens), not
-    by an abort, from its own /metrics."""
-    ended = metric(metrics_text, "vllm:request_success_total")
-    return ended - metric(metrics_text, "vllm:request_success_total", finished_reason="abort")
 
 
 ABANDONED_TOKENS = 4000

@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -187,3 +188,10 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
         if not ready:
             alive.append(pid)
     return alive
+
+
+def ignored_signals(pid: int) -> set[int]:
+    """The signals process `pid` ignores (its SigIgn mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(x for x in status.splitlines() if x.startswith("SigIgn:")).split()[1], 16)
+    return {number for number in range(1, 65) if mask >> (number - 1) & 1}
