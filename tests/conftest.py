@@ -158,6 +158,20 @@ def decoded_to_the_end(metrics_text: str) -> float:
     return ended - metric(metrics_text, "vllm:request_success_total", finished_reason="abort")
 
 
+def engine_idle(vllm: VLLMServer, timeout: float = 120) -> None:
+    """Wait until the engine runs and queues nothing: the pages a gateway left on it (a killed
+    gateway's, a load's cancelled ones) are gone (aborted), however long that takes on busy
+    cores."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=5) as probe:
+        while True:
+            text = probe.get(f"{vllm.url}/metrics").text
+            if running_requests(text) + metric(text, "vllm:num_requests_waiting") == 0:
+                return
+            assert time.monotonic() < deadline, "the engine still runs pages left on it"
+            time.sleep(0.05)
+
+
 def _tail(path: Path, lines: int = 60) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

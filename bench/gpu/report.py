@@ -26,7 +26,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.gpu import method
+from bench.gpu import method, reads
 
 FLOORS = {"off": "floor-whole.json", "on": "floor-blocks.json"}
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,9 +39,9 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
     nan = float("nan")
     variants, figures = [], {}
     for v in plan["variants"]:
-        windows = [
-            json.loads(path.read_text()) for path in sorted(res.glob(f"[0-9]*-{v['name']}.json"))
-        ]
+        paths = sorted(res.glob(f"[0-9]*-{v['name']}.json"))
+        windows = [json.loads(path.read_text()) for path in paths]
+        engine_reads = [read_by_engines(path) for path in paths]
         floor_ms = floors.get(v["layout"], {}).get("ms_per_page", nan)
         variants.append({"name": v["name"], "stack": v["stack"], "concurrency": v["concurrency"],
                          "floor_ms_per_page": floor_ms, "windows": windows})  # fmt: skip
@@ -50,7 +50,11 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
             figure["of_floor"] = method.of_floor(figure["pages_per_s_by_count"], floor_ms)
             # every answer 200, the engines' work: none an error, none the results cache's
             figure["all_200"] = all(set(w.get("statuses", {})) <= {"200"} for w in windows)
+            # and the engines' own counters say they read them (None: a pass without them)
+            figure["engines_read"] = (None if None in engine_reads else
+                                      not any(r["fault"] for r in engine_reads))  # fmt: skip
             figures[v["name"]] = figure
+        variants[-1]["engine_reads"] = engine_reads
     settings = plan["alone"]["services"]
     by_setting = {name: sorted(res.glob(f"alone-*-{name}.json")) for name in settings}
     alone = {name: method.median([json.loads(f.read_text()) for f in files])
@@ -69,12 +73,26 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
     gpu = next((m.get("gpu") or m["device"] for m in machines), "?")
     whole = floors.get("off", {"ms_per_page": nan, "definition": "not measured"})
     summary = method.summary(gpu, whole, variants, alone_figure, f"{plan['stem']}-raw.tar.gz")
+    for given, made in zip(variants, summary["variants"], strict=True):
+        made["engine_reads"] = given["engine_reads"]  # beside the windows, one each
     summary["layout_service_alone_by_setting"] = alone
     if earlier:
         summary["layout_service_alone_from"] = earlier["raw"]
     if vit:
         summary["vit_attention"] = attention(vit)
     return {"summary": summary, "figures": figures, "alone": alone}
+
+
+def read_by_engines(window: Path) -> dict[str, Any] | None:
+    """What the engines and the results cache did over a window's load (bench.gpu.reads, from
+    the /metrics the window stage read around it), the pages it answered 200 and the fault
+    found, if any; None for a window without those files (passes before 2026-12-05's)."""
+    found = [window.with_suffix(f".metrics-{moment}.json") for moment in ("before", "after")]
+    if not all(path.exists() for path in found):
+        return None
+    counted = reads.counts(*(json.loads(path.read_text()) for path in found))
+    pages = reads.pages_answered(window.with_suffix(".requests.csv"))
+    return counted | {"pages_answered": pages, "fault": reads.fault(counted, pages)}
 
 
 def gauges(path: Path) -> dict[str, float]:
@@ -138,13 +156,15 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
         figure = parts["figures"].get(variant["name"])
         lines += [f"## {variant['name']} (c={variant['concurrency']}): {variant['stack']}", "",
                   f"Floor: {variant['floor_ms_per_page']:.2f} ms a page.", "",
-                  "| window | seconds | mean latencies | pages/s by count | by latency | bins cv |",
-                  "|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+                  "| window | seconds | mean latencies | pages/s by count | by latency | bins cv "
+                  "| engine requests / pages 200, cache hits (whole load) |",
+                  "|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
         for number, w in enumerate(variant["windows"]):
             flat = "" if w["bins_cv"] <= method.FLAT_CV else " (not flat)"
             lines.append(f"| {number} | {w['seconds']:.0f} | {w['mean_latencies']:.1f} | "
                          f"{w['pages_per_s_by_count']:.2f} | {w['pages_per_s_by_latency']:.2f} | "
-                         f"{w['bins_cv']:.3f}{flat} |")  # fmt: skip
+                         f"{w['bins_cv']:.3f}{flat} | "
+                         f"{engine_cell(variant['engine_reads'][number])} |")  # fmt: skip
         if figure:
             spread = figure["spread"]
             lines += ["", f"**{figure['pages_per_s_by_count']:.2f} pages/s** (median window by "
@@ -152,8 +172,8 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
                       f"{100 * (spread['relative'] or 0):.1f} %): "
                       f"**{100 * figure['of_floor']:.1f} %** "
                       f"of its floor; every window flat: {figure['all_flat']}, steady: "
-                      f"{figure['all_steady']}, every answer 200 (the engines'): "
-                      f"{figure['all_200']}."]  # fmt: skip
+                      f"{figure['all_steady']}, every answer 200: {figure['all_200']}, "
+                      f"the engines read every page: {figure['engines_read']}."]  # fmt: skip
         lines.append("")
     if summary.get("layout_service_alone_from"):
         lines.append(
@@ -187,6 +207,15 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
         lines += ["", "! out of bounds: its embeddings differ from the stock's by more than "
                   "bfloat16's own rounding."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def engine_cell(counted: dict[str, Any] | None) -> str:
+    """A window's engine reads in the table: requests finished / pages 200, cache hits."""
+    if counted is None:
+        return "not read"
+    fault = " (**not the engines'**)" if counted["fault"] else ""
+    return (f"{counted['engine_completions']:,} / {counted['pages_answered']:,}, "
+            f"{counted['cache_hits']:,}{fault}")  # fmt: skip
 
 
 def write(plan: dict[str, Any], res: Path, out: Path) -> dict[str, Any]:

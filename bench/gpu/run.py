@@ -18,7 +18,9 @@ host, the corpus, the window rules, the variants and the device calls, each a li
                   once ready, the stand-in layout service (bench.gpu.layout_standin: the corpus's
                   boxes, each page forwarded to the real service first) and a second gateway in
                   front of the same engines whose layout service is that stand-in
-    window I      the I-th window of the variants' A B B A ... order (bench.gpu.load)
+    window I      the I-th window of the variants' A B B A ... order (bench.gpu.load), the
+                  gateway's and the engines' /metrics around it: the stage fails (the call stops)
+                  when the engines did not read its pages (bench.gpu.reads)
     vit           the vision tower's attention (issue 50 item 3): bench.gpu.encoder_check with
                   the plan's `vit` options, the plugin's modes and vLLM's backends timed and checked
                   on the idle GPU, into RES/vit-attention.json
@@ -48,7 +50,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.gpu import WORK, method
+from bench.gpu import WORK, method, reads
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-gpu-bench"
@@ -199,8 +201,7 @@ def up(p: Pass) -> None:
 def ready(p: Pass) -> None:
     """The stack, then the stand-in and the layout variant's gateway in front of its engines."""
     p.wait_ready("serve", p.url("gateway") + "/ready", p.host.get("ready_s", 600))
-    log = (WORK / "serve.log").read_text(errors="replace")
-    backends = log.split("gateway: OCRVL_BACKENDS=")[-1].split()[0]
+    backends = served_backends()
     python = p.host["python"]
     p.start("standin", [python, "-m", "bench.gpu.layout_standin", "--port",
                         str(p.ports["standin"]), "--forward", p.url("layout")])  # fmt: skip
@@ -213,36 +214,57 @@ def ready(p: Pass) -> None:
     p.wait_ready("layout-gateway", p.url("layout_gateway") + "/ready", 120)
 
 
-def load(p: Pass, name: str, url: str, concurrency: int, *options: str) -> None:
-    """One window of bench.gpu.load, unless it cannot end before the call's limit."""
-    rules, corpus = p.plan["window"], p.plan["corpus"]
+def served_backends() -> str:
+    """The `OCRVL_BACKENDS` make serve gave its gateway (its log says so at start)."""
+    log = (WORK / "serve.log").read_text(errors="replace")
+    return log.split("gateway: OCRVL_BACKENDS=")[-1].split()[0]
+
+
+def room(p: Pass, name: str) -> int | None:
+    """The cap of a window that can end before the call's limit; None (said) when none can."""
+    rules = p.plan["window"]
     cap = min(rules["max_seconds"], p.left() - 30)
     if cap < rules["seconds"] + rules["ramp_s"] + 10:
         print(f"window {name} skipped: {p.left():.0f} s left in this call", flush=True)
-        return
+        return None
+    return int(cap)
+
+
+def load(p: Pass, name: str, url: str, cap: int, concurrency: int, *options: str) -> None:
+    """One window of bench.gpu.load, capped at `cap` seconds."""
+    rules, corpus = p.plan["window"], p.plan["corpus"]
     p.run([p.host["python"], "-m", "bench.gpu.load", url, "--name", name, "--out", str(p.res),
            "--concurrency", str(concurrency), "--ramp", str(rules["ramp_s"]),
            "--window", str(rules["seconds"]), "--latencies", str(rules["latencies"]),
-           "--bin", str(rules["bin_s"]), "--max-seconds", str(int(cap)),
+           "--bin", str(rules["bin_s"]), "--max-seconds", str(cap),
            "--pages", str(corpus["pages"]), "--median", str(corpus["median"]),
            "--sigma", str(corpus["sigma"]), "--key", KEY, *options])  # fmt: skip
 
 
 def window(p: Pass, index: int) -> None:
+    """The I-th window, the gateway's and engines' /metrics around it (bench.gpu.reads): a
+    RuntimeError, which ends the call, when the engines did not read its pages."""
     variants = {v["name"]: v for v in p.plan["variants"]}
     turns = method.order(list(variants), p.plan["windows"])
     variant = variants[turns[index]]
     url = p.url("gateway" if variant["layout"] == "off" else "layout_gateway")
-    load(
-        p,
-        f"{index:02d}-{variant['name']}",
-        url,
-        variant["concurrency"],
-        "--api",
-        "ocr",
-        "--layout",
-        variant["layout"],
-    )
+    name, engines = f"{index:02d}-{variant['name']}", reads.engines(served_backends())
+    cap = room(p, name)
+    if cap is None:
+        return
+    before = reads.snapshot(url, engines)
+    load(p, name, url, cap, variant["concurrency"], "--api", "ocr", "--layout", variant["layout"])
+    after = reads.snapshot(url, engines)
+    for moment, text in (("before", before), ("after", after)):
+        (p.res / f"{name}.metrics-{moment}.json").write_text(json.dumps(text) + "\n")
+    counted = reads.counts(before, after)
+    pages = reads.pages_answered(p.res / f"{name}.requests.csv")
+    print(f"{name}: the engines finished {counted['engine_completions']} requests "
+          f"({counted['engine_aborts']} aborted) for {pages} pages answered 200; the results "
+          f"cache answered {counted['cache_hits']}", flush=True)  # fmt: skip
+    found = reads.fault(counted, pages)
+    if found:
+        raise RuntimeError(f"{name} did not measure the engines: {found}")
 
 
 def alone(p: Pass, index: int) -> None:
@@ -266,7 +288,10 @@ def alone(p: Pass, index: int) -> None:
         top = subprocess.Popen(["top", "-b", "-H", "-d", "5", "-w", "200", "-p", pid],
                                stdout=out, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
-            load(p, stem, url, given["concurrency"], "--api", "layout", "--seed", str(index))
+            cap = room(p, stem)
+            if cap is not None:
+                load(p, stem, url, cap, given["concurrency"], "--api", "layout", "--seed",
+                     str(index))  # fmt: skip
         finally:
             top.terminate()
             top.wait()

@@ -26,6 +26,7 @@ from tests.conftest import (
     VLLMServer,
     _stop,
     decoded_to_the_end,
+    engine_idle,
     running_requests,
     start_gateway,
 )
@@ -110,19 +111,6 @@ def engine_successes(vllm: VLLMServer) -> float:
 def decoded(vllm: VLLMServer) -> float:
     """Requests the engine decoded to their end, not aborted, from its own /metrics."""
     return decoded_to_the_end(httpx.get(f"{vllm.url}/metrics", timeout=5).text)
-
-
-def engine_idle(vllm: VLLMServer, timeout: float = 120) -> None:
-    """Wait until the engine runs and queues nothing: the pages a gateway left on it when it was
-    killed are gone (its connections closed: aborted), however long that takes on busy cores."""
-    deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=5) as probe:
-        while True:
-            text = probe.get(f"{vllm.url}/metrics").text
-            if running_requests(text) + metric(text, "vllm:num_requests_waiting") == 0:
-                return
-            assert time.monotonic() < deadline, "the engine still runs a killed gateway's pages"
-            time.sleep(0.05)
 
 
 def test_a_job_gives_the_same_answer_as_v1_ocr(jobs_server: GatewayServer) -> None:

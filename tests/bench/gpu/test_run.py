@@ -151,6 +151,34 @@ def test_the_report_writes_the_summary_and_the_median_against_each_floor(
     assert "Layout service alone, eager (--max-batch 8 --no-cuda-graphs): 4.00" in text
 
 
+def test_the_report_puts_the_engines_reads_beside_each_window(tmp_path: Path) -> None:
+    """A window with its /metrics around it: the table gives requests / pages and cache hits,
+    marks one the cache answered, and the figure says whether the engines read every page."""
+    given = plan("h200-method2.json") | {"variants": plan("h200-method2.json")["variants"][:1],
+                                         "alone_pass": None}  # fmt: skip
+    res, out = tmp_path / "res", tmp_path / "out"
+    res.mkdir()
+    for index in range(2):
+        window_file(res, f"0{index}-default", 8)
+        (res / f"0{index}-default.requests.csv").write_text(
+            "worker,start,end,status,tokens,page\n" + "0,0.0,1.0,200,4,0\n" * 5
+        )
+        for moment, hits in (("before", 0), ("after", 2 * index)):
+            done = 0 if moment == "before" else 5 - 2 * index
+            text = {"gateway": f"ocrvl_cache_hits_total {hits}\n",
+                    "engines": {"e": f'vllm:request_success_total{{finished_reason="stop"}} '
+                                     f"{done}\n"}}  # fmt: skip
+            (res / f"0{index}-default.metrics-{moment}.json").write_text(json.dumps(text))
+    summary = report.write(given, res, out)
+    first, second = summary["variants"][0]["engine_reads"]
+    assert (first["engine_completions"], first["pages_answered"], first["fault"]) == (5, 5, None)
+    assert second["fault"] == "the results cache answered 2 pages"
+    text = (out / f"{given['stem']}.md").read_text()
+    assert "| 5 / 5, 0 |" in text
+    assert "| 3 / 5, 2 (**not the engines'**) |" in text
+    assert "the engines read every page: False." in text
+
+
 def test_the_report_tables_the_vit_attention_and_names_the_fastest_within_bounds(
     tmp_path: Path,
 ) -> None:
