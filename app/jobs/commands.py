@@ -1,7 +1,10 @@
 """`ocrvl ocr FILE --job` and `ocrvl jobs status|result|cancel|list`: jobs from the shell.
 
 Imports only argparse at module level (httpx loads on use). Interrupted while following a job,
-`ocrvl ocr --job` prints the job's id: the job goes on, and `ocrvl jobs` picks it up again.
+`ocrvl ocr --job` prints the job's id: the job goes on, and `ocrvl jobs` picks it up again; the
+command stops there (app/client.py lists the files it did not send). Interrupted while sending a
+file, it says the file may have become a job. A Ctrl-C ends every command with status 130 and a
+line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -103,6 +106,9 @@ def _run(args: argparse.Namespace, action: Any) -> int:
     except (Refused, httpx.HTTPError, OSError) as exc:
         print(f"ocrvl jobs: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("ocrvl jobs: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -153,16 +159,23 @@ def write_result(http: Any, job_id: str, out: Path | None, fmt: str | None) -> i
     if out is None:
         sys.stdout.write(response.text)
         sys.stdout.flush()
-    else:
-        out.write_text(response.text, encoding="utf-8")
+    else:  # whole or not at all: a Ctrl-C mid-write leaves `out` as it was
+        partial = out.with_name(out.name + ".partial")
+        partial.write_text(response.text, encoding="utf-8")
+        partial.replace(out)
     return 1 if response.headers.get("x-ocr-pages-failed", "0") != "0" else 0
 
 
 def follow(http: Any, file: Path, fields: dict[str, str], out: Path | None, fmt: str | None) -> int:
     """Submit `file` as a job, draw its progress from its status, then write its result."""
-    with file.open("rb") as handle:
-        files = {"file": (file.name, handle, "application/octet-stream")}
-        job = _checked(http.post("/v1/ocr/jobs", data=fields, files=files)).json()
+    try:
+        with file.open("rb") as handle:
+            files = {"file": (file.name, handle, "application/octet-stream")}
+            job = _checked(http.post("/v1/ocr/jobs", data=fields, files=files)).json()
+    except KeyboardInterrupt:  # the gateway may have made the job, its answer not read
+        print(f"ocrvl ocr: interrupted while sending {file}: it may or may not have become a "
+              "job (`ocrvl jobs list` shows it)", file=sys.stderr)  # fmt: skip
+        return INTERRUPTED
     progress = Progress(file.name, sys.stderr)
     # Ctrl-C from the moment the job exists (its id on the terminal included) leaves it running
     # and says how to pick it up: never a traceback, however soon after the id it comes.
@@ -186,4 +199,9 @@ def follow(http: Any, file: Path, fields: dict[str, str], out: Path | None, fmt:
     if job["status"] != "succeeded":
         error = (job.get("error") or {}).get("message", "")
         raise Refused(f"job {job['id']} {job['status']}" + (f": {error}" if error else ""))
-    return write_result(http, job["id"], out, fmt)
+    try:
+        return write_result(http, job["id"], out, fmt)
+    except KeyboardInterrupt:
+        print(f"interrupted; job {job['id']} succeeded: `ocrvl jobs result {job['id']}` writes "
+              "its result", file=sys.stderr)  # fmt: skip
+        return INTERRUPTED
