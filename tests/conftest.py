@@ -342,6 +342,23 @@ def gateway(
     _stop(server.process)
 
 
+TINY_MAX_PIXELS = 200_704  # the tiny checkpoint's own processor maximum: keeps CPU pages quick
+
+
+@pytest.fixture(scope="module")
+def cached_gateway(
+    vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayServer]:
+    """A real gateway in front of the session's vLLM with the results cache on (its default,
+    said), its store in its own data dir: one per module, so no module sees another's pages."""
+    server = start_gateway(
+        vllm_server, tmp_path_factory.mktemp("gw-cache"), ("sk-cache",), OCRVL_CACHE="on",
+        OCRVL_PREPROCESS_WORKERS="1", OCRVL_MAX_PIXELS=str(TINY_MAX_PIXELS),
+    )  # fmt: skip
+    yield server
+    _stop(server.process)
+
+
 LAYOUT_LOG = pytest.StashKey[Path]()
 
 

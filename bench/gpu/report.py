@@ -26,7 +26,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.gpu import method, reads
+from bench.gpu import method
 
 FLOORS = {"off": "floor-whole.json", "on": "floor-blocks.json"}
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,9 +39,10 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
     nan = float("nan")
     variants, figures = [], {}
     for v in plan["variants"]:
-        paths = sorted(res.glob(f"[0-9]*-{v['name']}.json"))
-        windows = [json.loads(path.read_text()) for path in paths]
-        engine_reads = [read_by_engines(path) for path in paths]
+        windows = [
+            json.loads(path.read_text()) for path in sorted(res.glob(f"[0-9]*-{v['name']}.json"))
+        ]
+        engine_reads = [w.get("engine_reads") for w in windows]  # the window stage's check
         floor_ms = floors.get(v["layout"], {}).get("ms_per_page", nan)
         variants.append({"name": v["name"], "stack": v["stack"], "concurrency": v["concurrency"],
                          "floor_ms_per_page": floor_ms, "windows": windows})  # fmt: skip
@@ -81,18 +82,6 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
     if vit:
         summary["vit_attention"] = attention(vit)
     return {"summary": summary, "figures": figures, "alone": alone}
-
-
-def read_by_engines(window: Path) -> dict[str, Any] | None:
-    """What the engines and the results cache did over a window's load (bench.gpu.reads, from
-    the /metrics the window stage read around it), the pages it answered 200 and the fault
-    found, if any; None for a window without those files (passes before 2026-12-05's)."""
-    found = [window.with_suffix(f".metrics-{moment}.json") for moment in ("before", "after")]
-    if not all(path.exists() for path in found):
-        return None
-    counted = reads.counts(*(json.loads(path.read_text()) for path in found))
-    pages = reads.pages_answered(window.with_suffix(".requests.csv"))
-    return counted | {"pages_answered": pages, "fault": reads.fault(counted, pages)}
 
 
 def gauges(path: Path) -> dict[str, float]:

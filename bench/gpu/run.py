@@ -255,16 +255,14 @@ def window(p: Pass, index: int) -> None:
     before = reads.snapshot(url, engines)
     load(p, name, url, cap, variant["concurrency"], "--api", "ocr", "--layout", variant["layout"])
     after = reads.snapshot(url, engines)
-    for moment, text in (("before", before), ("after", after)):
-        (p.res / f"{name}.metrics-{moment}.json").write_text(json.dumps(text) + "\n")
-    counted = reads.counts(before, after)
-    pages = reads.pages_answered(p.res / f"{name}.requests.csv")
-    print(f"{name}: the engines finished {counted['engine_completions']} requests "
-          f"({counted['engine_aborts']} aborted) for {pages} pages answered 200; the results "
-          f"cache answered {counted['cache_hits']}", flush=True)  # fmt: skip
-    found = reads.fault(counted, pages)
-    if found:
-        raise RuntimeError(f"{name} did not measure the engines: {found}")
+    (p.res / f"{name}.metrics.json").write_text(json.dumps({"before": before, "after": after}))
+    found = reads.check(before, after, p.res / f"{name}.requests.csv")
+    report = p.res / f"{name}.json"  # the report reads them beside the window's figures
+    report.write_text(json.dumps(json.loads(report.read_text()) | {"engine_reads": found},
+                                 indent=1) + "\n")  # fmt: skip
+    print(f"{name}: {found}", flush=True)
+    if found["fault"]:
+        raise RuntimeError(f"{name} did not measure the engines: {found['fault']}")
 
 
 def alone(p: Pass, index: int) -> None:
@@ -283,7 +281,7 @@ def alone(p: Pass, index: int) -> None:
     name = method.order(list(ports), given["windows"])[index]
     stem, url = f"alone-{index:02d}-{name}", f"http://127.0.0.1:{ports[name]}"
     pid = (WORK / f"layout-{name}.pid").read_text().strip()
-    (p.res / f"{stem}.metrics-before.txt").write_bytes(fetch(url + "/metrics"))
+    (p.res / f"{stem}.metrics-before.txt").write_text(reads.fetch(url + "/metrics"))
     with (p.res / f"{stem}.top.txt").open("wb") as out:  # the service's threads, every 5 s
         top = subprocess.Popen(["top", "-b", "-H", "-d", "5", "-w", "200", "-p", pid],
                                stdout=out, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -295,13 +293,7 @@ def alone(p: Pass, index: int) -> None:
         finally:
             top.terminate()
             top.wait()
-    (p.res / f"{stem}.metrics-after.txt").write_bytes(fetch(url + "/metrics"))
-
-
-def fetch(url: str) -> bytes:
-    """GET `url` on loopback (the layout service's /metrics: its batches, forward seconds)."""
-    with urllib.request.urlopen(url, timeout=30) as reply:  # noqa: S310 (loopback)
-        return bytes(reply.read())
+    (p.res / f"{stem}.metrics-after.txt").write_text(reads.fetch(url + "/metrics"))
 
 
 def down(p: Pass) -> None:

@@ -18,7 +18,6 @@ size) with the same `max_tokens`. Targets: p99 with the job <= 1.3 x alone; the 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import os
 import random
@@ -36,8 +35,8 @@ import orjson
 
 from bench.overhead import ROOT
 from bench.overhead.processes import VENV_BIN, spawn, stop, wait_ready
+from tests.support import pages
 from tests.support.documents import pdf
-from tests.support.pages import document_page
 from tests.support.servers import free_port
 
 SERVED = "paddleocr-vl-tiny"
@@ -108,30 +107,12 @@ def stack(workdir: Path, args: Any, concurrency: int) -> Iterator[str]:
 
 def chat_body(max_tokens: int, limits: tuple[int, int] | None) -> bytes:
     """One page as PaddleOCR's client sends it (the page image inline, the OCR prompt)."""
-    image = base64.b64encode(document_page(7, 620, 877)).decode()
     kwargs: dict[str, Any] = {}
     if limits:
         kwargs["mm_processor_kwargs"] = {"min_pixels": limits[0], "max_pixels": limits[1]}
-    return orjson.dumps(
-        {
-            "model": SERVED,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {
-                            "type": "image_url",
-                            "image_url": {"url": f"data:image/png;base64,{image}"},
-                        },
-                        {"type": "text", "text": "OCR:"},
-                    ],
-                }
-            ],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-        }
-        | kwargs
-    )
+    page = pages.chat_body(pages.document_page(7, 620, 877), model=SERVED, mime="image/png",
+                           max_tokens=max_tokens, temperature=0, **kwargs)  # fmt: skip
+    return orjson.dumps(page)
 
 
 def client(url: str) -> httpx.AsyncClient:

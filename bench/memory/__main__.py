@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import datetime
 import os
 import tempfile
@@ -31,6 +30,7 @@ from app.bench.report import keep
 from bench.overhead import CLIENT_KEY, MODEL, REWRITTEN, ROOT
 from bench.overhead.processes import running
 from bench.overhead.report import machine
+from tests.support.pages import chat_body
 
 MB = 1024 * 1024
 SETTLE = 5.0  # seconds after the last burst before "after" is read
@@ -72,27 +72,10 @@ class Sampler:
 
 def body(size_mb: float, model: str) -> bytes:
     """A chat body carrying a data-URL image of about `size_mb` MB."""
-    image = base64.b64encode(os.urandom(int(size_mb * MB * 3 / 4))).decode()
-    return orjson.dumps(
-        {
-            "model": model,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {
-                            "type": "image_url",
-                            "image_url": {"url": f"data:image/png;base64,{image}"},
-                        },
-                        {"type": "text", "text": "OCR:"},
-                    ],
-                }
-            ],
-            "max_completion_tokens": 4096,
-            "temperature": 0,
-            "mm_processor_kwargs": {"min_pixels": 112896, "max_pixels": 1003520},
-        }
-    )
+    image = os.urandom(int(size_mb * MB * 3 / 4))
+    limits = {"min_pixels": 112896, "max_pixels": 1003520}
+    return orjson.dumps(chat_body(image, model=model, mime="image/png", max_completion_tokens=4096,
+                                  temperature=0, mm_processor_kwargs=limits))  # fmt: skip
 
 
 async def burst(url: str, payload: bytes, size: int) -> list[int]:

@@ -57,6 +57,22 @@ def test_ctrl_c_once_the_job_exists_leaves_it_running_and_names_it(
     assert "interrupted; job job_abc goes on: `ocrvl jobs status job_abc`" in err
 
 
+def interrupted(fake: FakeVLLM, tmp_path: Path, files: list[Path]) -> tuple[int, list[Any]]:
+    """`ocrvl ocr FILES --job` against a real gateway whose path a test made Ctrl-C on: its
+    exit status (a Ctrl-C escaping it fails the test: a traceback) and the jobs the gateway
+    then holds."""
+    settings = settings_for(fake.url, preprocess_workers=1, data_dir=tmp_path / "data")
+    with ThreadedServer(create_app(settings)) as gateway:
+        argv = ["ocr", *map(str, files), "--job", "--url", gateway.url, "--key", CLIENT_KEY]
+        try:
+            code = cli.main(argv)
+        except KeyboardInterrupt:
+            pytest.fail("Ctrl-C escaped `ocrvl ocr --job`: a traceback, not a message")
+        headers = {"authorization": f"Bearer {CLIENT_KEY}"}
+        with httpx.Client(base_url=gateway.url, headers=headers, trust_env=False) as http:
+            return code, http.get("/v1/ocr/jobs").json()["data"]
+
+
 def test_ctrl_c_with_several_files_stops_the_command_and_names_the_files_not_sent(
     fake: FakeVLLM,
     tmp_path: Path,
@@ -77,16 +93,7 @@ def test_ctrl_c_with_several_files_stops_the_command_and_names_the_files_not_sen
 
     monkeypatch.setattr(commands.Progress, "start", ctrl_c_once)
     monkeypatch.setattr(commands, "POLL_EVERY", 0)
-    settings = settings_for(fake.url, preprocess_workers=1, data_dir=tmp_path / "data")
-    with ThreadedServer(create_app(settings)) as gateway:
-        argv = ["ocr", *map(str, files), "--job", "--url", gateway.url, "--key", CLIENT_KEY]
-        try:
-            code = cli.main(argv)
-        except KeyboardInterrupt:
-            pytest.fail("Ctrl-C escaped `ocrvl ocr --job`: a traceback, not the job's id")
-        headers = {"authorization": f"Bearer {CLIENT_KEY}"}
-        with httpx.Client(base_url=gateway.url, headers=headers, trust_env=False) as http:
-            held = http.get("/v1/ocr/jobs").json()["data"]
+    code, held = interrupted(fake, tmp_path, files)
     err = capsys.readouterr().err  # the gateway's log lines too: it runs in this process
     assert pressed == ["a.pdf"]
     first = err.split("a.pdf: job ")[1].split()[0]
@@ -122,16 +129,7 @@ def test_ctrl_c_while_a_file_is_sent_as_a_job_says_it_may_be_one_and_sends_no_ot
         raise KeyboardInterrupt
 
     monkeypatch.setattr(httpx.Client, "post", ctrl_c_once)
-    settings = settings_for(fake.url, preprocess_workers=1, data_dir=tmp_path / "data")
-    with ThreadedServer(create_app(settings)) as gateway:
-        argv = ["ocr", *map(str, files), "--job", "--url", gateway.url, "--key", CLIENT_KEY]
-        try:
-            code = cli.main(argv)
-        except KeyboardInterrupt:
-            pytest.fail("Ctrl-C escaped `ocrvl ocr --job`: a traceback, not a message")
-        headers = {"authorization": f"Bearer {CLIENT_KEY}"}
-        with httpx.Client(base_url=gateway.url, headers=headers, trust_env=False) as http:
-            held = http.get("/v1/ocr/jobs").json()["data"]
+    code, held = interrupted(fake, tmp_path, files)
     err = capsys.readouterr().err  # the gateway's log lines too: it runs in this process
     assert pressed == ["/v1/ocr/jobs"]
     assert code == commands.INTERRUPTED

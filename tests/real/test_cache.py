@@ -3,30 +3,14 @@ answered again with nothing sent to the engine, whose own request counter does n
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
-from tests.conftest import GatewayServer, VLLMServer, _stop, start_gateway
+from tests.conftest import GatewayServer, VLLMServer
 from tests.support.documents import pdf
 from tests.support.prometheus import metric
 
 pytestmark = pytest.mark.vllm
-MAX_PIXELS = 200_704  # the tiny checkpoint's own processor maximum: keeps CPU pages quick
-
-
-@pytest.fixture(scope="module")
-def cached_gateway(
-    vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayServer]:
-    """A real gateway with the results cache on, its store in its own data dir."""
-    server = start_gateway(
-        vllm_server, tmp_path_factory.mktemp("gw-cache"), ("sk-cache",), OCRVL_CACHE="on",
-        OCRVL_PREPROCESS_WORKERS="1", OCRVL_MAX_PIXELS=str(MAX_PIXELS),
-    )  # fmt: skip
-    yield server
-    _stop(server.process)
 
 
 def engine_requests(server: VLLMServer) -> float:

@@ -40,8 +40,9 @@ def data_url(image: bytes, mime: str = "image/jpeg") -> str:
 
 
 def chat_body(
-    image: bytes, prompt: str = "OCR:", model: str = "PaddleOCR-VL-1.5-0.9B", **extra: Any
-) -> dict[str, Any]:
+    image: bytes, prompt: str = "OCR:", model: str = "PaddleOCR-VL-1.5-0.9B",
+    mime: str = "image/jpeg", **extra: Any,
+) -> dict[str, Any]:  # fmt: skip
     """A chat completion body shaped like PaddleOCR's pipeline client's (see shared/CLIENTS.md)."""
     return {
         "model": model,
@@ -49,7 +50,7 @@ def chat_body(
             {
                 "role": "user",
                 "content": [
-                    {"type": "image_url", "image_url": {"url": data_url(image)}},
+                    {"type": "image_url", "image_url": {"url": data_url(image, mime)}},
                     {"type": "text", "text": prompt},
                 ],
             }

@@ -6,29 +6,13 @@ cache's). And the counting rules on given numbers."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from bench.gpu import corpus, load, reads
-from tests.conftest import GatewayServer, VLLMServer, _stop, engine_idle, start_gateway
-
-MAX_PIXELS = 200_704  # the tiny checkpoint's own processor maximum: keeps CPU pages quick
-
-
-@pytest.fixture(scope="module")
-def cached_gateway(
-    vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayServer]:
-    """A real gateway in front of the session's engine, its results cache on (the default)."""
-    server = start_gateway(
-        vllm_server, tmp_path_factory.mktemp("gw-reads"), ("sk-reads",), OCRVL_CACHE="on",
-        OCRVL_PREPROCESS_WORKERS="1", OCRVL_MAX_PIXELS=str(MAX_PIXELS),
-    )  # fmt: skip
-    yield server
-    _stop(server.process)
+from tests.conftest import GatewayServer, VLLMServer, engine_idle
 
 
 @pytest.mark.vllm
@@ -48,17 +32,18 @@ def test_a_window_of_the_load_is_read_by_the_engine_by_its_own_counters(
          "--key", cached_gateway.api_key]
     )  # fmt: skip
     loaded = asyncio.run(load.measure(args, load.pages(6, corpus.Lengths(4, args.sigma))))
-    counted = reads.counts(before, reads.snapshot(cached_gateway.url, engines))
-    pages = reads.pages_answered(tmp_path / "w.requests.csv")
+    found = reads.check(before, reads.snapshot(cached_gateway.url, engines),
+                        tmp_path / "w.requests.csv")  # fmt: skip
+    pages = found["pages_answered"]
     assert pages > 6, loaded["statuses"]  # pages sent again: the cache would have had them
-    assert counted["cache_hits"] == 0
-    assert pages <= counted["engine_completions"] <= loaded["requests"]
-    assert reads.fault(counted, pages) is None
+    assert found["cache_hits"] == 0
+    assert pages <= found["engine_completions"] <= loaded["requests"]
+    assert found["fault"] is None
 
 
 @pytest.mark.vllm
 def test_pages_the_results_cache_answered_are_found_and_named(
-    cached_gateway: GatewayServer, vllm_server: VLLMServer
+    cached_gateway: GatewayServer, vllm_server: VLLMServer, tmp_path: Path
 ) -> None:
     """One page sent three times without `"cache": false`: the engine finished one request,
     the gateway's cache answered two, and the check says so."""
@@ -70,12 +55,20 @@ def test_pages_the_results_cache_answered_are_found_and_named(
     with httpx.Client(base_url=cached_gateway.url, headers=headers, timeout=300) as http:
         answers = [http.post("/v1/ocr", json=body) for _ in range(3)]
     assert [a.status_code for a in answers] == [200, 200, 200], answers[-1].text
-    counted = reads.counts(before, reads.snapshot(cached_gateway.url, engines))
-    assert (counted["engine_completions"], counted["cache_hits"]) == (1, 2)
-    assert reads.fault(counted, 3) == "the results cache answered 2 pages"
+    found = reads.check(before, reads.snapshot(cached_gateway.url, engines),
+                        answered(tmp_path, 3))  # fmt: skip
+    assert (found["engine_completions"], found["cache_hits"]) == (1, 2)
+    assert found["fault"] == "the results cache answered 2 pages"
 
 
-def test_the_rules_count_aborts_apart_and_want_a_request_per_page() -> None:
+def answered(tmp_path: Path, pages: int) -> Path:
+    """A load's CSV (bench.gpu.load's columns) of `pages` requests answered 200."""
+    path = tmp_path / "answered.requests.csv"
+    path.write_text("worker,start,end,status,tokens,page\n" + "0,0.0,1.0,200,4,0\n" * pages)
+    return path
+
+
+def test_the_rules_count_aborts_apart_and_want_a_request_per_page(tmp_path: Path) -> None:
     """Aborted requests are not reads; fewer reads than pages is a fault even with no cache
     hit (a cache the gateway does not count, or an engine left out of the snapshot)."""
     engine = (
@@ -87,8 +80,9 @@ def test_the_rules_count_aborts_apart_and_want_a_request_per_page() -> None:
     gateway = "# TYPE ocrvl_cache_hits_total counter\nocrvl_cache_hits_total 0.0\n"
     before = {"gateway": gateway, "engines": {"e": engine.format(1.0, 2.0, 0.0)}}
     after = {"gateway": gateway, "engines": {"e": engine.format(5.0, 8.0, 3.0)}}
-    counted = reads.counts(before, after)
-    assert counted == {"engine_completions": 10, "engine_aborts": 3, "cache_hits": 0}
-    assert reads.fault(counted, 10) is None
-    assert reads.fault(counted, 11) == "the engines finished 10 requests for 11 pages answered 200"
+    found = reads.check(before, after, answered(tmp_path, 10))
+    assert found == {"engine_completions": 10, "engine_aborts": 3, "cache_hits": 0,
+                     "pages_answered": 10, "fault": None}  # fmt: skip
+    found = reads.check(before, after, answered(tmp_path, 11))
+    assert found["fault"] == "the engines finished 10 requests for 11 pages answered 200"
     assert reads.engines("http://a:1;capacity=8,http://b:2/v1") == ["http://a:1", "http://b:2"]

@@ -152,23 +152,20 @@ def test_the_report_writes_the_summary_and_the_median_against_each_floor(
 
 
 def test_the_report_puts_the_engines_reads_beside_each_window(tmp_path: Path) -> None:
-    """A window with its /metrics around it: the table gives requests / pages and cache hits,
-    marks one the cache answered, and the figure says whether the engines read every page."""
+    """Two windows with the window stage's check in their JSON: the table gives requests /
+    pages and cache hits, marks the one the cache answered, and the figure says whether the
+    engines read every page."""
     given = plan("h200-method2.json") | {"variants": plan("h200-method2.json")["variants"][:1],
                                          "alone_pass": None}  # fmt: skip
     res, out = tmp_path / "res", tmp_path / "out"
     res.mkdir()
     for index in range(2):
         window_file(res, f"0{index}-default", 8)
-        (res / f"0{index}-default.requests.csv").write_text(
-            "worker,start,end,status,tokens,page\n" + "0,0.0,1.0,200,4,0\n" * 5
-        )
-        for moment, hits in (("before", 0), ("after", 2 * index)):
-            done = 0 if moment == "before" else 5 - 2 * index
-            text = {"gateway": f"ocrvl_cache_hits_total {hits}\n",
-                    "engines": {"e": f'vllm:request_success_total{{finished_reason="stop"}} '
-                                     f"{done}\n"}}  # fmt: skip
-            (res / f"0{index}-default.metrics-{moment}.json").write_text(json.dumps(text))
+        window = res / f"0{index}-default.json"
+        hits, fault = 2 * index, "the results cache answered 2 pages" if index else None
+        reads = {"engine_completions": 5 - hits, "engine_aborts": 0, "cache_hits": hits,
+                 "pages_answered": 5, "fault": fault}  # fmt: skip
+        window.write_text(json.dumps(json.loads(window.read_text()) | {"engine_reads": reads}))
     summary = report.write(given, res, out)
     first, second = summary["variants"][0]["engine_reads"]
     assert (first["engine_completions"], first["pages_answered"], first["fault"]) == (5, 5, None)
