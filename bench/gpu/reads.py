@@ -9,13 +9,10 @@ whose results cache answered any page (`ocrvl_cache_hits_total`), did not measur
 
 from __future__ import annotations
 
+import csv
 import urllib.request
 from pathlib import Path
 from typing import Any
-
-from prometheus_client.parser import text_string_to_metric_families
-
-from bench.gpu import load
 
 COMPLETIONS, CACHE_HITS = "vllm:request_success", "ocrvl_cache_hits"  # counters (NAME_total)
 
@@ -40,6 +37,9 @@ def snapshot(gateway: str, engine_urls: list[str]) -> dict[str, Any]:
 
 def total(text: str, counter: str, **labels: str) -> float:
     """The sum of a counter's `_total` samples whose labels include `labels` (typed or not)."""
+    # imported here: `bench.gpu.run` imports this module before `install` has put it on the host
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
     return sum(sample.value for found in text_string_to_metric_families(text)
                for sample in found.samples if sample.name == counter + "_total"
                and labels.items() <= sample.labels.items())  # fmt: skip
@@ -63,7 +63,8 @@ def check(before: dict[str, Any], after: dict[str, Any], requests_csv: Path) -> 
     """A window's reads: the counts, the pages its load answered 200 (bench.gpu.load's CSV),
     and the fault found (None: the engines read them)."""
     counted = counts(before, after)
-    pages = sum(record.status == "200" for record in load.read_records(requests_csv))
+    with requests_csv.open() as rows:
+        pages = sum(row["status"] == "200" for row in csv.DictReader(rows))
     fault = None
     if counted["cache_hits"]:
         fault = f"the results cache answered {counted['cache_hits']} pages"

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +112,16 @@ def test_the_layout_graphs_plans_need_no_wheel_parts_and_alternate_their_setting
         "default", "eager", "eager", "default", "default", "eager"]  # fmt: skip
     assert given["window"]["seconds"] >= 120
     assert given["window"]["latencies"] >= 10
+
+
+def test_the_harness_imports_with_the_standard_library_alone() -> None:
+    """`bench.gpu.run` starts on a bare host, before its `install` stage has put anything there
+    (the nineteenth pass's first install call failed on orjson, imported by way of reads.py):
+    it imports with no site-packages at all."""
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import bench.gpu.run"
+    done = subprocess.run([sys.executable, "-S", "-c", code, str(PLANS.parents[2])],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
 
 
 def window_file(res: Path, name: str, rate_clients: int) -> None:
