@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from app.documents.page_markdown import page_markdown
-from app.jobs.commands import INTERRUPTED, Refused, follow, refused
+from app.jobs.commands import INTERRUPTED, Refused, follow, refused, write_whole
 from app.progress import Progress
 
 FORMATS = ("md", "json", "ndjson")
@@ -185,7 +185,7 @@ class Writer:
 
     def __init__(self, path: Path | None, fmt: str, name: str) -> None:
         self.path, self.fmt, self.name = path, fmt, name
-        self.failed = self.pages_out = 0
+        self.failed = 0
         self.touched = False
         self._pages: dict[int, dict[str, Any]] = {}
         self._order: list[int] = []
@@ -220,12 +220,18 @@ class Writer:
         self._pages[page["index"]] = page
         if self.fmt == "ndjson":
             self._line(page)
-            self.pages_out += 1
         elif self.fmt == "json":
             self._save_json()
-            self.pages_out += self.path is not None  # stdout has the JSON only once complete
         else:
             self._flush_markdown()
+
+    @property
+    def pages_out(self) -> int:
+        """Pages in the output so far: markdown's contiguous ones, every NDJSON line, the JSON
+        file's pages (stdout has the JSON only once complete)."""
+        if self.fmt == "md":
+            return self._written
+        return len(self._pages) if self.fmt == "ndjson" or self.path is not None else 0
 
     def set_aside(self) -> str:
         """After a Ctrl-C: what the output holds. A file this run wrote is renamed NAME.partial:
@@ -271,7 +277,6 @@ class Writer:
             if self._written == len(self._order):
                 self._stream.write("\n")
             self._stream.flush()
-            self.pages_out = self._written
 
     def _save_json(self, usage: dict[str, Any] | None = None) -> None:
         if self.fmt != "json":
@@ -285,7 +290,5 @@ class Writer:
             if usage is not None:  # stdout cannot be rewritten: print it once, complete
                 self._stream.write(text)
             return
-        partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(self.path)  # readers never see half a file
+        write_whole(self.path, text)
         self.touched = True

@@ -150,6 +150,14 @@ def _list(args: argparse.Namespace) -> int:
     return _run(args, action)
 
 
+def write_whole(path: Path, text: str) -> None:
+    """`text` into `path` whole or not at all: written to NAME.partial, then renamed over it, so
+    no reader (nor a Ctrl-C) ever sees half a file."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(path)
+
+
 def write_result(http: Any, job_id: str, out: Path | None, fmt: str | None) -> int:
     """The job's result to `out` (or stdout) in `fmt`; 1 when a page failed."""
     if fmt is None:
@@ -159,10 +167,8 @@ def write_result(http: Any, job_id: str, out: Path | None, fmt: str | None) -> i
     if out is None:
         sys.stdout.write(response.text)
         sys.stdout.flush()
-    else:  # whole or not at all: a Ctrl-C mid-write leaves `out` as it was
-        partial = out.with_name(out.name + ".partial")
-        partial.write_text(response.text, encoding="utf-8")
-        partial.replace(out)
+    else:  # a Ctrl-C mid-write leaves `out` as it was
+        write_whole(out, response.text)
     return 1 if response.headers.get("x-ocr-pages-failed", "0") != "0" else 0
 
 
