@@ -140,6 +140,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ):
         window(urls["on"], document(1, seed=1))  # warm both (workers, connections)
         window(urls["off"], document(1, seed=1))
+        vlm.streams_ended()  # the warm-up's streams recorded before they are cleared
         vlm.streamed.clear()
         vlm.received.clear()
         for n in range(args.windows):
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 windows.append({"arm": arm, "window": n, **window(urls[arm], pdf)})
         looping = sum(loops_here(r, args.every) for r in vlm.received)
         # tokens each looping stream sent before it ended (the guard's stop: its window)
-        sent = sorted(n for r, n, _ in vlm.streamed if loops_here(r, args.every))
+        sent = sorted(n for r, n, _ in vlm.streams_ended() if loops_here(r, args.every))
     return {
         "windows": windows, "looping_requests": looping, "requests": len(vlm.received),
         "looping_tokens_sent": sent, "machine": machine(),

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from app.documents import answers, loops
@@ -17,6 +18,7 @@ from tests.fidelity.pages import Document
 from tests.fidelity.test_paddlex_fidelity import gateway_blocks, paddlex_blocks
 from tests.support import paddlex_pipeline
 from tests.support.layout_standin import LayoutStandin
+from tests.support.pages import chat_body, document_page
 from tests.support.servers import serving
 from tests.support.standin_vlm import (
     Received,
@@ -65,7 +67,7 @@ def looped(
         running_gateway(vlm.url, service.url, workdir) as url,
     ):
         side = Gateway(url, vlm, service, {doc.name: doc for doc in chosen}).read(chosen)
-        yield Looped(expected, side, list(vlm.streamed))
+        yield Looped(expected, side, vlm.streams_ended())
 
 
 def looping_requests(side: Side) -> list[Received]:
@@ -115,3 +117,18 @@ def test_looping_blocks_are_cut_and_flagged_and_the_others_are_paddlexs(looped: 
             unit = loop_parts(request)[1]
             assert (unit * 2).strip() not in page["markdown"], key
     assert flagged == len(units)
+
+
+def test_a_stream_the_client_left_is_recorded_before_the_stand_in_is_read() -> None:
+    """The client leaves a looping stream after two tokens; `streams_ended` gives that stream
+    with the tokens sent, although the stand-in, asleep between tokens, notices later."""
+    standin = StandinVLM(fake_loop_every=1, token_seconds=0.5)
+    body = chat_body(document_page(width=320, height=200), max_completion_tokens=50, stream=True)
+    with serving(standin) as vlm, httpx.Client(timeout=10) as client:
+        with client.stream("POST", f"{vlm.url}/v1/chat/completions", json=body) as response:
+            events = (line for line in response.iter_lines() if line.startswith("data: "))
+            next(events), next(events)  # two tokens, then the client goes
+        [(request, sent, total)] = vlm.streams_ended(timeout=10)
+    assert request.prompt == "OCR:"
+    assert total == 50
+    assert 2 <= sent < total

@@ -29,6 +29,7 @@ import hashlib
 import io
 import random
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,6 +227,10 @@ class StandinVLM:
     # of a whole answer before it is sent
     streamed: list[tuple[Received, int, int]] = field(default_factory=list)  # (request,
     # tokens sent before the stream ended or the client left, tokens it would have sent)
+    _open: int = field(default=0, init=False, repr=False)  # streams begun, not yet in `streamed`
+    _ended: threading.Condition = field(
+        default_factory=threading.Condition, init=False, repr=False, compare=False
+    )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -276,6 +281,8 @@ class StandinVLM:
         asked (`continuous_usage_stats`); the tokens sent before the client left are recorded
         (`streamed`), as vLLM would have generated them."""
         receive, send = channel
+        with self._ended:
+            self._open += 1  # before the client sees a byte: `streams_ended` waits for it
         headers = [(b"content-type", b"text/event-stream; charset=utf-8")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         left = asyncio.Event()
@@ -305,7 +312,19 @@ class StandinVLM:
                 await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         finally:
             watcher.cancel()
-            self.streamed.append((request, sent, len(tokens)))
+            with self._ended:
+                self.streamed.append((request, sent, len(tokens)))
+                self._open -= 1
+                self._ended.notify_all()
+
+    def streams_ended(self, timeout: float = 30.0) -> list[tuple[Received, int, int]]:
+        """`streamed` once every stream begun has ended and is in it. A client that stops
+        reading (the gateway's loop guard) has its answer before the stand-in notices it left,
+        so a test reading `streamed` at once can miss the last stream (CI once did)."""
+        with self._ended:
+            if not self._ended.wait_for(lambda: self._open == 0, timeout):
+                raise TimeoutError(f"{self._open} stream(s) still open after {timeout} s")
+            return list(self.streamed)
 
     def keys(self) -> list[tuple[str, str, int, int]]:
         """The (prompt, digest, width, height) of every request so far, in arrival order."""
