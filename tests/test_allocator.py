@@ -49,8 +49,18 @@ held = rss_mb()
 looks = iter([True, False])  # one look busy (a request finished since), then idle
 
 async def main():
-    trimmer = asyncio.create_task(trim_when_idle(lambda since: next(looks, False), every=0.05))
-    await asyncio.sleep(0.3)
+    asked = 0
+    looked = asyncio.Event()
+
+    def busy(since):
+        nonlocal asked
+        asked += 1
+        if asked == 6:  # five looks at least (two questions a look at most): long past the trim
+            looked.set()
+        return next(looks, False)
+
+    trimmer = asyncio.create_task(trim_when_idle(busy, every=0.05))
+    await asyncio.wait_for(looked.wait(), 30)  # the trimmer ran on to its next sleep since
     trimmer.cancel()
 
 asyncio.run(main())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -32,16 +33,24 @@ async def test_health_needs_no_key_and_no_backend() -> None:
     assert response.headers["x-request-id"].replace("-", "") in body["logId"].replace("-", "")
 
 
+async def ready_once_it_is(client: httpx.AsyncClient, status: int) -> httpx.Response:
+    """/ready's answer once its status is `status` (the probes run every 0.2 s); a failed
+    assertion, with the last answer, if it is not within 15 s."""
+    deadline = time.monotonic() + 15
+    while (ready := await client.get("/ready")).status_code != status:
+        assert time.monotonic() < deadline, f"/ready not {status} within 15 s: {ready.text}"
+        await asyncio.sleep(0.05)
+    return ready
+
+
 async def test_ready_follows_backend_health(fake: FakeVLLM) -> None:
     """/ready is 200 while a backend answers /health, 503 (naming why) once none does."""
     async with lifespan_client(create_app(settings_for(fake.url))) as client:
         up = await client.get("/ready")
         fake.mode = "unhealthy"
-        await asyncio.sleep(0.6)  # three probe intervals
-        down = await client.get("/ready")
+        down = await ready_once_it_is(client, 503)
         fake.mode = "ok"
-        await asyncio.sleep(0.6)
-        again = await client.get("/ready")
+        again = await ready_once_it_is(client, 200)
     assert up.status_code == 200
     assert up.json()["backends"] == [fake.url]
     assert down.status_code == 503

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import select
 import socket
+import threading
 import time
 from typing import Any
 
@@ -13,7 +14,7 @@ import httpx
 import orjson
 import pytest
 from starlette.requests import Request
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http import httptools_impl
 
 from app.bodies import read_ahead
@@ -37,9 +38,27 @@ def test_uvicorn_buffers_a_whole_page_until_the_app_takes_it(
     if ahead:
         read_ahead()
     first: list[Message] = []
+    # uvicorn stopped reading the request: it has the whole body, or it paused the socket
+    stopped = threading.Event()
+    protocol = httptools_impl.HttpToolsProtocol
+    on_body, on_message_complete = protocol.on_body, protocol.on_message_complete
+
+    def body_read(self: httptools_impl.HttpToolsProtocol, body: bytes) -> None:
+        on_body(self, body)
+        if self.flow.read_paused:
+            stopped.set()
+
+    def message_read(self: httptools_impl.HttpToolsProtocol) -> None:
+        on_message_complete(self)
+        stopped.set()
+
+    monkeypatch.setattr(protocol, "on_body", body_read)
+    monkeypatch.setattr(protocol, "on_message_complete", message_read)
+    waited: list[bool] = []
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        await asyncio.sleep(0.3)  # busy elsewhere: the client has sent everything by now
+        # busy elsewhere until uvicorn has read all it will read before the app asks
+        waited.append(await asyncio.to_thread(stopped.wait, 15))
         first.append(await receive())
         while first[-1].get("more_body"):
             first.append(await receive())
@@ -48,6 +67,7 @@ def test_uvicorn_buffers_a_whole_page_until_the_app_takes_it(
 
     with ThreadedServer(app, http="httptools", lifespan="off") as server:
         response = httpx.post(server.url, content=b"x" * PAGE, timeout=10)
+    assert waited == [True], "uvicorn neither read the whole body nor paused within 15 s"
     assert response.status_code == 204
     assert sum(len(message["body"]) for message in first) == PAGE
     assert (len(first[0]["body"]) == PAGE) is ahead
@@ -76,14 +96,15 @@ def test_a_client_leaving_mid_body_is_a_499_not_a_crash(
     app = create_app(settings_for(fake.url))  # its loggers (ocrvl, uvicorn.error) propagate not
     for name in ("ocrvl", "uvicorn.error"):
         monkeypatch.setattr(logging.getLogger(name), "handlers", [caplog.handler])
-    with ThreadedServer(app, http="httptools", log_config=None) as server:
+    reading = threading.Event()
+    with ThreadedServer(taking_body(app, reading), http="httptools", log_config=None) as server:
         with socket.create_connection(("127.0.0.1", server.port)) as client:
             client.sendall(
                 f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CLIENT_KEY}\r\n"
                 "Content-Type: application/json\r\nContent-Length: 200000\r\n\r\n".encode()
                 + b"x" * 20_000
             )
-            time.sleep(0.3)  # the gateway has started reading the body
+            assert reading.wait(15), "the gateway never started reading the body"
         deadline = time.monotonic() + 10
         while not [r for r in caplog.records if r.name == "ocrvl.access"]:
             assert time.monotonic() < deadline, "the request was never logged"
@@ -94,6 +115,21 @@ def test_a_client_leaving_mid_body_is_a_499_not_a_crash(
     crashes = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert crashes == [], [r.getMessage() for r in crashes]
     assert after.status_code == 200
+
+
+def taking_body(app: ASGIApp, reading: threading.Event) -> ASGIApp:
+    """`app`, setting `reading` once it has taken a first part of a request body."""
+
+    async def watched(scope: Scope, receive: Receive, send: Send) -> None:
+        async def taken() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                reading.set()
+            return message
+
+        await app(scope, taken if scope["type"] == "http" else receive, send)
+
+    return watched
 
 
 def chunked_over_the_limit(port: int, path: str, content_type: str) -> tuple[bytes, int, bool]:

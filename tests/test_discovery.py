@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.anyio
 
 NAME = f"vllm-headless.ocrvl.svc.{DOMAIN}"
 PAGE = {"model": SERVED, "messages": [{"role": "user", "content": "OCR:"}]}
+WAIT = 15.0  # seconds any wait here may take: generous on a loaded 2-core CI machine
 
 
 @pytest.fixture
@@ -154,12 +156,16 @@ def test_dns_server_must_be_an_address(value: str) -> None:
 
 @dataclass
 class HeldVLLM(FakeVLLM):
-    """A FakeVLLM whose chat answers wait until `release` is set (a page still being read)."""
+    """A FakeVLLM whose chat answers wait until `release` is set (a page still being read),
+    counting the health probes it was sent."""
 
     release: threading.Event = field(default_factory=threading.Event)
     held: int = 0
+    probes: int = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/health":
+            self.probes += 1
         if scope["type"] == "http" and scope["path"] == "/v1/chat/completions":
             self.held += 1
             await asyncio.to_thread(self.release.wait, 30)
@@ -201,12 +207,21 @@ async def ready_backends(client: httpx.AsyncClient) -> list[str]:
 
 
 async def wait_for_ready(client: httpx.AsyncClient, expected: list[str]) -> None:
-    """Wait (a few probe rounds at most) until /ready lists exactly `expected`."""
-    for _ in range(50):
-        if await ready_backends(client) == expected:
-            return
+    """Wait (a few probe rounds, WAIT seconds at most) until /ready lists exactly `expected`."""
+    deadline = time.monotonic() + WAIT
+    while (listed := await ready_backends(client)) != expected:
+        if time.monotonic() > deadline:
+            pytest.fail(f"/ready lists {listed} after {WAIT:g} s, expected {expected}")
         await asyncio.sleep(0.1)
-    pytest.fail(f"/ready lists {await ready_backends(client)}, expected {expected}")
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Return once `condition()` holds; a failed assertion saying `what` did not happen if it
+    does not within WAIT seconds."""
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} (waited {WAIT:g} s)"
+        await asyncio.sleep(0.01)
 
 
 async def pages(client: httpx.AsyncClient, count: int) -> list[int]:
@@ -229,8 +244,11 @@ async def test_gateway_follows_pods_that_come_and_go(
     assert (len(first.bodies), len(second.bodies)) == (4, 0)
 
     second.mode = "unhealthy"  # a pod in DNS whose engine is not up yet: joins, does not serve
+    probed = second.probes
     dnsmasq.publish({NAME: ["127.0.0.2", "127.0.0.3"]})
-    await asyncio.sleep(0.8)  # four probe rounds
+    # four probe rounds reached it (a round starts once the one before it has ended: three
+    # answers of 503 recorded)
+    await until(lambda: second.probes >= probed + 4, "the pod in DNS was never probed 4 times")
     assert await ready_backends(gateway) == [first.url]
     second.mode = "ok"
     await wait_for_ready(gateway, [first.url, second.url])
@@ -243,11 +261,7 @@ async def test_gateway_follows_pods_that_come_and_go(
         asyncio.create_task(gateway.post("/v1/chat/completions", json={**PAGE, "stream": s}))
         for s in (False, True)
     ]
-    for _ in range(500):
-        if first.held == held + 2:
-            break
-        await asyncio.sleep(0.01)
-    assert first.held == held + 2
+    await until(lambda: first.held == held + 2, "the two pages did not both reach the first pod")
     second.mode = "ok"
     await wait_for_ready(gateway, [first.url, second.url])
     dnsmasq.publish({NAME: ["127.0.0.3"]})
@@ -264,11 +278,10 @@ async def test_gateway_follows_pods_that_come_and_go(
     assert f"backend {first.url} left the pool" in ocrvl_logs.text
 
     dnsmasq.stop()  # DNS down: the members stay as they were
-    for _ in range(50):
-        if "keeping its 1 last known backend(s)" in ocrvl_logs.text:
-            break
-        await asyncio.sleep(0.1)
-    assert "keeping its 1 last known backend(s)" in ocrvl_logs.text
+    await until(
+        lambda: "keeping its 1 last known backend(s)" in ocrvl_logs.text,
+        "the failed resolution was never logged",
+    )
     assert await ready_backends(gateway) == [second.url]
     assert await pages(gateway, 2) == [200] * 2
 

@@ -174,8 +174,10 @@ async def test_stream_holds_its_slot_until_the_client_leaves(
             ) as stream:
                 assert stream.status_code == 200
                 chunks = stream.aiter_raw()  # kept: a dropped iterator closes the connection
-                await anext(chunks)
-                await asyncio.sleep(0.3)  # the body is being sent after the endpoint returned
+                await anext(chunks)  # the body is being sent: the endpoint has returned
+                # a slot wrongly given back when the endpoint returned would show by now (a
+                # negative check: it stays time-based; what it follows is awaited above)
+                await asyncio.sleep(0.3)
                 refused = await chat(client, key)
                 await anext(chunks)  # still streaming
             fake.mode = "ok"
@@ -183,7 +185,7 @@ async def test_stream_holds_its_slot_until_the_client_leaves(
             metrics = (await client.get("/metrics")).text
     error = assert_rate_limited(refused, "concurrent")
     assert "Limit 1 in flight" in error["message"]
-    assert fake.disconnected.wait(2)
+    assert fake.disconnected.wait(10), "the stream to the engine was left open"
     assert freed < 1.0
     counted = re.search(
         r'ocrvl_rate_limited_total\{key="streamer",limit="concurrency"\} (\S+)', metrics
@@ -230,8 +232,11 @@ async def test_concurrency_retry_after_follows_the_hold_time(
     with ThreadedServer(create_app(file_settings(fake, path, request_timeout=2))) as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
             assert (await chat(client, key)).status_code == 504  # held the slot 2 s
+            fake.chat_started.clear()
             held = asyncio.create_task(chat(client, key))
-            await asyncio.sleep(0.3)
+            # admitted (it holds the slot) once the engine has it
+            reached = await asyncio.to_thread(fake.chat_started.wait, 15)
+            assert reached, "the second request never reached the engine"
             refused = await chat(client, key)
             await held
     assert_rate_limited(refused, "concurrent")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -15,6 +16,16 @@ pytestmark = pytest.mark.anyio
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 Serve = Callable[[Handler], Awaitable[str]]
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+DEADLINE = 10.0  # seconds for anything awaited here: generous on a loaded 2-core CI machine
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Return once `condition()` holds (looked at between loop steps); fail naming `what` if it
+    does not within DEADLINE."""
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {DEADLINE:g} s"
+        await asyncio.sleep(0.005)
 
 
 async def read_request(reader: asyncio.StreamReader) -> bytes:
@@ -85,20 +96,25 @@ async def test_sequential_requests_share_one_keep_alive_connection(serve: Serve)
 
 async def test_a_chunked_stream_arrives_piece_by_piece(serve: Serve) -> None:
     """A chunked answer is handed on chunk by chunk, framing removed."""
+    taken = [asyncio.Event(), asyncio.Event()]  # the relay has handed on chunk 1, chunk 2
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
-        for part in (b"data: a\n\n", b"data: b\n\n"):
+        for part, handed_on in zip((b"data: a\n\n", b"data: b\n\n"), taken, strict=True):
             writer.write(b"%x\r\n%s\r\n" % (len(part), part))
             await writer.drain()
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(handed_on.wait(), DEADLINE)  # the next one comes apart
         writer.write(b"0\r\n\r\n")
 
     url = await serve(handler)
     upstream = Upstream(10, 4.0, 1.0)
     response = await upstream.post(url, "/v1/chat/completions", {}, b"{}")
-    chunks = [chunk async for chunk in response.aiter_raw()]
+    chunks: list[bytes] = []
+    async for chunk in response.aiter_raw():
+        chunks.append(chunk)
+        if len(chunks) <= len(taken):
+            taken[len(chunks) - 1].set()
     await response.aclose()
     upstream.close()
     assert chunks == [b"data: a\n\n", b"data: b\n\n"]
@@ -107,7 +123,7 @@ async def test_a_chunked_stream_arrives_piece_by_piece(serve: Serve) -> None:
 async def test_chunks_that_arrived_together_are_handed_on_together(serve: Serve) -> None:
     """Chunks already in when the relay asks come as one piece (one send to the client, not
     one each); once the answer's end is in and handed on, the response says it is drained."""
-    go_on = asyncio.Event()
+    go_on, sent = asyncio.Event(), asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
@@ -118,12 +134,15 @@ async def test_chunks_that_arrived_together_are_handed_on_together(serve: Serve)
             writer.write(b"%x\r\n%s\r\n" % (len(part), part))
         writer.write(b"0\r\n\r\n")
         await writer.drain()
+        sent.set()
 
     url = await serve(handler)
     upstream = Upstream(10, 4.0, 1.0)
     response = await upstream.post(url, "/v1/chat/completions", {}, b"{}")
     go_on.set()
-    await asyncio.sleep(0.1)  # the whole answer is in the gateway's buffer by now
+    await asyncio.wait_for(sent.wait(), DEADLINE)
+    # the whole answer, its end included, read into the connection's buffer (nothing taken yet)
+    await until(lambda: response._connection.complete, "the answer's end never came in")
     assert not response.drained()
     chunks = [chunk async for chunk in response.aiter_raw()]
     assert response.drained()
@@ -171,6 +190,7 @@ async def test_an_idle_connection_the_backend_closed_is_replaced_transparently(
     """The keep-alive race: the pooled connection was closed by the backend; the request goes
     out again on a new connection instead of failing."""
     connections = 0
+    pooled, expired = asyncio.Event(), asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal connections
@@ -179,8 +199,10 @@ async def test_an_idle_connection_the_backend_closed_is_replaced_transparently(
         writer.write(OK)
         await writer.drain()
         if connections == 1:
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(pooled.wait(), DEADLINE)  # idle in the relay's pool now
             writer.close()  # a server whose keep-alive expired
+            await writer.wait_closed()
+            expired.set()
             return
         while True:
             try:
@@ -191,8 +213,9 @@ async def test_an_idle_connection_the_backend_closed_is_replaced_transparently(
 
     url = await serve(handler)
     upstream = Upstream(10, 4.0, 1.0)
-    assert await post(upstream, url) == (200, b"{}")
-    await asyncio.sleep(0.2)  # the server has closed the idle connection
+    assert await post(upstream, url) == (200, b"{}")  # read whole: its connection is pooled
+    pooled.set()
+    await asyncio.wait_for(expired.wait(), DEADLINE)  # the server has closed the idle connection
     assert await post(upstream, url) == (200, b"{}")
     upstream.close()
     assert connections == 2
@@ -200,18 +223,19 @@ async def test_an_idle_connection_the_backend_closed_is_replaced_transparently(
 
 async def test_a_cancelled_request_closes_its_connection(serve: Serve) -> None:
     """Cancelling while the backend works closes the connection: vLLM aborts the request."""
-    closed = asyncio.Event()
+    working, closed = asyncio.Event(), asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
+        working.set()
         await reader.read()  # until the gateway hangs up
         closed.set()
 
     url = await serve(handler)
     upstream = Upstream(10, 4.0, 1.0)
     task = asyncio.create_task(post(upstream, url))
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(working.wait(), DEADLINE)  # the backend has the request
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.wait_for(closed.wait(), 2)
+    await asyncio.wait_for(closed.wait(), DEADLINE)

@@ -310,7 +310,7 @@ async def test_cancel_stops_lines_in_flight(fake: FakeVLLM, tmp_path: Path) -> N
     async with gateway(fake, tmp_path / "data", job_page_concurrency=1) as client:
         batch = await batch_of(client, jsonl(*(request_line(str(i)) for i in range(3))))
         await until(client, batch["id"], ("in_progress",))
-        await asyncio.to_thread(fake.chat_started.wait, 10)
+        assert await asyncio.to_thread(fake.chat_started.wait, 30), "no line reached the backend"
         response = await client.post(f"/v1/batches/{batch['id']}/cancel")
         assert response.status_code == 200
         assert response.json()["status"] in ("cancelling", "cancelled")
@@ -354,7 +354,9 @@ async def test_lines_take_the_background_lane(fake: FakeVLLM, tmp_path: Path) ->
             if waiting == 2 and len(fake.bodies) == 2:
                 break
             await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)
+        assert (waiting, len(fake.bodies)) == (2, 2)
+        await asyncio.sleep(0.3)  # and no third line reaches it meanwhile (a negative check)
+        waiting = metric((await client.get("/metrics")).text, "ocrvl_job_pages_waiting")
         assert (waiting, len(fake.bodies)) == (2, 2)
         await client.post(f"/v1/batches/{batch['id']}/cancel")
         assert (await until(client, batch["id"], ENDED))["status"] == "cancelled"

@@ -17,7 +17,15 @@ import openai
 import pytest
 
 from app.documents import loops
-from tests.conftest import GatewayServer, VLLMServer, _stop, running_requests, start_gateway
+from tests.conftest import (
+    GatewayServer,
+    VLLMServer,
+    _stop,
+    decoded_to_the_end,
+    engine_idle,
+    running_requests,
+    start_gateway,
+)
 from tests.support.pages import data_url, document_page
 from tests.support.prometheus import metric
 
@@ -47,9 +55,9 @@ def server(
     _stop(gateway.process)
 
 
-def engine_successes(vllm: VLLMServer) -> float:
-    """Requests the engine has finished, from its own /metrics."""
-    return metric(httpx.get(f"{vllm.url}/metrics", timeout=5).text, "vllm:request_success_total")
+def decoded(vllm: VLLMServer) -> float:
+    """Requests the engine decoded to their end (not aborted), from its own /metrics."""
+    return decoded_to_the_end(httpx.get(f"{vllm.url}/metrics", timeout=5).text)
 
 
 def generated(vllm: VLLMServer) -> float:
@@ -206,8 +214,10 @@ def test_a_batch_survives_a_killed_gateway(vllm_server: VLLMServer, tmp_path: Pa
         sql = "SELECT count(*) FROM batch_lines WHERE job_id = ?"
         kept = db.execute(sql, (batch.id,)).fetchone()[0]
     assert 3 <= kept < 24
-    time.sleep(1)  # lines the dead gateway left on the engine are aborted, not counted
-    served_before = engine_successes(vllm_server)
+    # the lines the dead gateway left on the engine end (aborted, or decoded if they were all
+    # but done) before the count starts; one still on its way in is aborted, never decoded
+    engine_idle(vllm_server)
+    served_before = decoded(vllm_server)
     second = batch_gateway(vllm_server, tmp_path)
     try:
         client = sdk(second)
@@ -216,6 +226,6 @@ def test_a_batch_survives_a_killed_gateway(vllm_server: VLLMServer, tmp_path: Pa
         assert (done.request_counts.completed, done.request_counts.failed) == (24, 0)
         output = lines_of(client, done.output_file_id)
         assert Counter(item["custom_id"] for item in output) == Counter(f"k-{i}" for i in range(24))
-        assert engine_successes(vllm_server) - served_before == 24 - kept
+        assert decoded(vllm_server) - served_before == 24 - kept
     finally:
         _stop(second.process)

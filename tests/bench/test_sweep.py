@@ -183,10 +183,16 @@ async def test_a_ramp_spreads_the_first_requests(
 ) -> None:
     """Workers start `ramp` seconds apart in total: equal-length requests leave lock-step."""
     arrivals: list[float] = []
+    all_in = asyncio.Event()  # each worker's first request has arrived
 
     async def answer(request: httpx.Request) -> httpx.Response:
         arrivals.append(time.perf_counter())
-        await asyncio.sleep(0.5)  # longer than the ramp: each worker's first request is in
+        if len(arrivals) == 4:
+            all_in.set()
+        try:  # no answer before then: no worker's second request among the first four
+            await asyncio.wait_for(all_in.wait(), 60)  # generous: fails, not hangs
+        except TimeoutError:
+            return httpx.Response(500, json={"error": "the four workers never all sent"})
         return httpx.Response(200, json={"usage": {"completion_tokens": 1}})
 
     pages = iter([Page(bytes([i]), "image/png", str(i)) for i in range(8)])
@@ -195,6 +201,7 @@ async def test_a_ramp_spreads_the_first_requests(
         Target("t", "http://t", "", "m"), shape=Shape(), pages=pages,
         plan=Plan(concurrency=4, warmup=0, requests=4, ramp=ramp),
     )  # fmt: skip
+    assert all_in.is_set(), f"only {len(arrivals)} of the four workers sent a request"
     first = sorted(arrivals)[:4]
     assert spread_at_least <= first[-1] - first[0] < spread_below
 

@@ -5,7 +5,9 @@ The real engine cannot fail one page of three on demand, nor hang; FakeVLLM stan
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import io
 import threading
 import time
@@ -136,7 +138,7 @@ async def test_the_per_key_limit_applies_to_ocr(faults: PageFaults) -> None:
     assert second.status_code == 429
 
 
-def test_a_client_that_leaves_closes_every_page_upstream() -> None:
+async def test_a_client_that_leaves_closes_every_page_upstream() -> None:
     """The client disconnects while pages hang at the backend: every page is closed upstream
     (the backend sees the disconnect) and no page is started afterwards."""
     backend = FakeVLLM(mode="hang")
@@ -144,12 +146,24 @@ def test_a_client_that_leaves_closes_every_page_upstream() -> None:
         backend.url = upstream.url
         app = create_app(settings_for(backend.url, preprocess_workers=1, ocr_page_concurrency=2))
         with ThreadedServer(app, lifespan="on") as server:
-            with pytest.raises(httpx.ReadTimeout):
-                httpx.post(f"{server.url}/v1/ocr", files=upload(5), headers=AUTH, timeout=4)
-            assert backend.disconnected.wait(10), "the hanging page was never closed upstream"
+            async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=60) as client:
+                leaving = asyncio.create_task(client.post("/v1/ocr", files=upload(5)))
+                deadline = time.monotonic() + 30  # generous: five pages rasterised first
+                while len(backend.bodies) < 2:
+                    assert time.monotonic() < deadline, "two pages never reached the backend"
+                    assert not leaving.done(), leaving.result().text
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(1.0)  # a negative check: no third page while two hang
+                in_flight = len(backend.bodies)
+                leaving.cancel()  # httpx closes the connection: the client leaves
+                with contextlib.suppress(asyncio.CancelledError):
+                    await leaving
+            closed = await asyncio.to_thread(backend.disconnected.wait, 30)
+            assert closed, "the hanging page was never closed upstream"
             started = len(backend.bodies)
-            time.sleep(1.0)
-    assert started == 2  # the bound: two pages were in flight when the client left
+            await asyncio.sleep(1.0)  # a negative check: no page starts once the client left
+    assert in_flight == 2  # the bound: two pages were in flight when the client left
+    assert started == 2
     assert len(backend.bodies) == started
 
 

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from app.main import create_app
+from app.store import Job
 from app.store.sqlite import SqliteStore
 from tests.conftest import CLIENT_KEY, settings_for
 from tests.support.documents import pdf
@@ -194,12 +195,31 @@ async def test_cancel_aborts_the_pages_in_flight(fake: FakeVLLM, tmp_path: Path)
         assert status["expires_at"] >= status["finished_at"] + 86_400 - 1  # swept then
 
 
-async def test_the_wait_returns_when_the_status_changes(fake: FakeVLLM, tmp_path: Path) -> None:
+async def test_the_wait_returns_when_the_status_changes(
+    fake: FakeVLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A long-poll on a queued job returns once it runs (its one page held until then), well
-    before `wait` runs out."""
+    before `wait` runs out. The runner claims the job only once the long-poll has read it
+    queued: a claim between the submit and that read would leave the poll nothing to see."""
     fake.gate = threading.Event()
+    get, claim = SqliteStore.get, SqliteStore.claim
+    polling, seen_queued = asyncio.Event(), asyncio.Event()
+
+    async def watched_get(self: SqliteStore, job_id: str) -> Job | None:
+        job = await get(self, job_id)
+        if polling.is_set() and job is not None and job.status == "queued":
+            seen_queued.set()  # the long-poll's first read: the job is queued
+        return job
+
+    async def held_claim(self: SqliteStore, holder: str, now: float, lease: float) -> Job | None:
+        await seen_queued.wait()
+        return await claim(self, holder, time.time(), lease)  # now: the tick's is stale
+
+    monkeypatch.setattr(SqliteStore, "get", watched_get)
+    monkeypatch.setattr(SqliteStore, "claim", held_claim)
     async with gateway(fake, tmp_path / "data") as client:
         job = (await submit(client, pdf(1))).json()
+        polling.set()
         started = time.monotonic()
         try:
             seen = (await client.get(f"/v1/ocr/jobs/{job['id']}", params={"wait": "30"})).json()
@@ -243,13 +263,19 @@ async def test_job_metrics_and_one_access_line_per_event(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """/metrics counts the job by status and its pages with their latency, already when a
-    client first sees it ended (the store's clean-up after the move made slow on purpose, as a
-    loaded disk makes it); the access log has one `job` line per event, naming the key but
-    never holding it or the pages' text."""
+    client first sees it ended (the store's clean-up after the move held on purpose until the
+    client has read /metrics, as a loaded disk holds it); the access log has one `job` line per
+    event, naming the key but never holding it or the pages' text."""
     drop_document = SqliteStore.drop_document
+    metrics_read = asyncio.Event()  # the client has seen the job ended and read /metrics
+    held_past_the_read: list[bool] = []
 
     async def slow_drop(self: SqliteStore, job_id: str) -> None:
-        await asyncio.sleep(2)  # 8 of the long-poll's store reads
+        try:
+            await asyncio.wait_for(metrics_read.wait(), 60)  # generous: fails, not hangs
+            held_past_the_read.append(True)
+        except TimeoutError:
+            held_past_the_read.append(False)  # the job showed ended only after its clean-up
         await drop_document(self, job_id)
 
     monkeypatch.setattr(SqliteStore, "drop_document", slow_drop)
@@ -257,11 +283,15 @@ async def test_job_metrics_and_one_access_line_per_event(
     access.addHandler(caplog.handler)  # the gateway's JSON handler does not propagate
     try:
         async with gateway(fake, tmp_path / "data") as client:
-            job = (await submit(client, pdf(3))).json()
-            await until_ended(client, job["id"])
-            text = (await client.get("/metrics")).text
+            try:
+                job = (await submit(client, pdf(3))).json()
+                await until_ended(client, job["id"])
+                text = (await client.get("/metrics")).text
+            finally:
+                metrics_read.set()  # the clean-up goes on (and the gateway can close)
     finally:
         access.removeHandler(caplog.handler)
+    assert held_past_the_read == [True], "the job was seen ended only after its document went"
     assert 'ocrvl_jobs_total{status="queued"} 1.0' in text
     assert 'ocrvl_jobs_total{status="succeeded"} 1.0' in text
     assert 'ocrvl_job_pages_total{outcome="done"} 3.0' in text

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -86,6 +86,17 @@ async def test_a_burst_gets_200s_and_503s_and_vllm_never_queues(
     assert metric(metrics, "ocrvl_shed_total") == statuses.count(503)
 
 
+async def gauge_reads(
+    client: httpx.AsyncClient, name: str, value: float, timeout: float = 60
+) -> float:
+    """Poll the gateway's gauge `name` until it reads `value` (then returns it)."""
+    deadline = time.monotonic() + timeout
+    while (seen := metric((await client.get("/metrics")).text, name)) != value:
+        assert time.monotonic() < deadline, f"{name} read {seen}, never {value}, for {timeout} s"
+        await asyncio.sleep(0.05)
+    return seen
+
+
 async def test_a_client_leaving_the_queue_lets_the_next_one_in(
     admitting_gateway: GatewayServer, vllm_server: VLLMServer
 ) -> None:
@@ -97,15 +108,16 @@ async def test_a_client_leaving_the_queue_lets_the_next_one_in(
         holders = [
             asyncio.create_task(c.post("/v1/chat/completions", json=long)) for _ in range(CAPACITY)
         ]
-        await asyncio.sleep(0.5)
+        await gauge_reads(c, "ocrvl_backend_in_flight", CAPACITY)  # both slots are taken
         leaving = asyncio.create_task(c.post("/v1/chat/completions", json=page(vllm_server, 8)))
-        await asyncio.sleep(0.2)
+        await gauge_reads(c, "ocrvl_queue_depth", 1)  # queued first
         behind = asyncio.create_task(c.post("/v1/chat/completions", json=page(vllm_server, 8)))
-        await asyncio.sleep(0.2)
-        depth = metric((await c.get("/metrics")).text, "ocrvl_queue_depth")
+        depth = await gauge_reads(c, "ocrvl_queue_depth", 2)
         leaving.cancel()
-        await asyncio.sleep(0.2)
-        depth_after = metric((await c.get("/metrics")).text, "ocrvl_queue_depth")
+        depth_after = await gauge_reads(c, "ocrvl_queue_depth", 1, timeout=30)
+        # ... because the client left, not because a slot freed and let it in
+        assert not [h for h in holders if h.done()], "a long request ended while it was queued"
+        assert not behind.done()
         holders[0].cancel()  # its slot frees: the request behind takes it
         answer = await asyncio.wait_for(behind, 60)
         holders[1].cancel()
@@ -173,20 +185,42 @@ async def test_kill_drill_loses_no_request_that_had_not_started(
             await asyncio.sleep(0.05)
         raise AssertionError(f"{fake.url} healthy never became {value} within {limit} s")
 
+    workers: list[asyncio.Task[None]] = []
+
+    async def answered(what: str, done: Callable[[], bool], limit: float = 60) -> None:
+        """Wait until `done()` holds of the answers the workers got (a worker that failed
+        fails the test here)."""
+        deadline = time.monotonic() + limit
+        while not done():
+            for task in workers:
+                if task.done():
+                    task.result()
+                    raise AssertionError(f"a worker stopped before {what}")
+            assert time.monotonic() < deadline, f"not {what} within {limit} s: {results[-5:]}"
+            await asyncio.sleep(0.05)
+
+    def by_fake(since: float = 0.0) -> int:
+        return sum(1 for t, _, text in results if text == "Hello page" and t > since)
+
     try:
         async with httpx.AsyncClient(base_url=gateway.url, headers=headers, timeout=60) as client:
-            workers = [asyncio.create_task(worker(client)) for _ in range(6)]
-            await asyncio.sleep(2)
+            workers += [asyncio.create_task(worker(client)) for _ in range(6)]
+            # under load: both backends have answered
+            await answered("both backends serving", lambda: len(results) > by_fake() >= 2)
             fake.kill()
             ejected_after = await until(client, 0.0, 2.0)
-            await asyncio.sleep(1)
+            gone = len(results)
+            await answered("answers while the backend is out", lambda: len(results) >= gone + 6)
             fake.start()
             restarted = time.monotonic()
             back_after = await until(client, 1.0, 5.0)
-            await asyncio.sleep(2)
+            await answered("the restarted backend got a request", lambda: by_fake(restarted) >= 1)
             stop.set()
             await asyncio.gather(*workers)
     finally:
+        for task in workers:  # a test failing mid-drill leaves none running
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
         _stop(gateway.process)
         if fake.process is not None:
             fake.kill()

@@ -11,9 +11,11 @@ import httpx
 import pytest
 
 from tests.conftest import GatewayServer, VLLMServer, _stop, running_requests, start_gateway
+from tests.support.prometheus import metric
 
 pytestmark = [pytest.mark.vllm, pytest.mark.anyio]
 FREED_WITHIN = 1.0  # seconds from the client's departure to vLLM running nothing
+INTO = 32  # tokens generated before the client leaves: well into the generation
 
 
 def long_generation(vllm: VLLMServer, stream: bool) -> dict[str, object]:
@@ -32,6 +34,13 @@ async def running(vllm: VLLMServer) -> float:
     async with httpx.AsyncClient() as client:
         text = (await client.get(f"{vllm.url}/metrics", timeout=5)).text
     return running_requests(text)
+
+
+async def generated(vllm: VLLMServer) -> float:
+    """vLLM's own count of the tokens it has generated."""
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{vllm.url}/metrics", timeout=5)).text
+    return metric(text, "vllm:generation_tokens_total")
 
 
 async def wait_for_running(vllm: VLLMServer, predicate: object, timeout: float) -> float:
@@ -74,9 +83,14 @@ async def test_client_giving_up_frees_the_engine(
                 async for _ in response.aiter_raw():
                     pass
 
+        before = await generated(vllm_server)
         task = asyncio.create_task(call())
         await wait_for_running(vllm_server, lambda n: n >= 1, 30)
-        await asyncio.sleep(0.5)  # well into the generation
+        deadline = time.monotonic() + 60
+        while await generated(vllm_server) < before + INTO:  # well into the generation
+            assert time.monotonic() < deadline, f"vLLM generated no {INTO} tokens in 60 s"
+            assert not task.done(), "the long generation ended before it was under way"
+            await asyncio.sleep(0.05)
         assert not task.done(), "the long generation ended on its own"
         task.cancel()  # the client closes its connection
         with pytest.raises(asyncio.CancelledError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -70,9 +71,9 @@ async def long_request(
     headers = {"authorization": f"Bearer {key}"}
     task = asyncio.create_task(client.post("/v1/chat/completions", json=body, headers=headers))
     try:
-        for _ in range(200):
-            if await gauge(client, "ocrvl_backend_in_flight") >= n or task.done():
-                break
+        deadline = time.monotonic() + 60
+        while await gauge(client, "ocrvl_backend_in_flight") < n and not task.done():
+            assert time.monotonic() < deadline, f"the gateway never counted {n} slots in 60 s"
             await asyncio.sleep(0.05)
         assert not task.done(), (await task).text
         yield

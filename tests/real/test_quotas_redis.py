@@ -20,14 +20,15 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from app.auth import KeyFile, KeyLimits
-from app.quotas.slots import RedisSlots
+from app.auth import RELOAD_EVERY, KeyFile, KeyLimits
+from app.quotas.slots import LEASE_PREFIX, RedisSlots
 from tests.conftest import VENV_BIN, GatewayServer, VLLMServer, _stop, start_gateway
 from tests.support.redis_server import RedisServer
 
 PASSWORD = "s3cret-redis-pass"
 RPM = 40
 BURST = 60  # 1.5 x RPM, alternating between the two replicas
+LEASE = 4.0  # seconds a concurrency lease lives unrenewed in the crash test
 
 
 @pytest.fixture(scope="module")
@@ -203,21 +204,43 @@ async def test_concurrency_slot_is_shared_and_freed_on_disconnect(
     assert freed_after < 2.0
 
 
+async def redis_clock(client: Redis) -> float:
+    """Redis's own clock in ms: the clock lease expiries are kept on."""
+    seconds, micros = await client.time()
+    return seconds * 1000 + micros / 1000
+
+
+async def redis_clock_past(client: Redis, ms: float) -> None:
+    """Wait until Redis's clock reads past `ms` (an expiry a lease acquired or renewed set)."""
+    while (now := await redis_clock(client)) <= ms:
+        left = (ms - now) / 1000  # seconds on Redis's clock; each reading checks again
+        await asyncio.sleep(min(0.05, left + 0.001))
+
+
 @pytest.mark.anyio
 async def test_a_crashed_replicas_leases_expire(redis_server: RedisServer) -> None:
     """Leases held by a replica that stops renewing them free their slots after the lease time.
 
     Two RedisSlots on the real Redis stand for two replicas; one "crashes" (never releases).
+    Each step waits on the expiries Redis holds, read on Redis's clock: past the first one the
+    renewed lease still holds the slot, past the renewed one it is free.
     """
     client = Redis.from_url(redis_server.url)
+    key = LEASE_PREFIX + "crash-test"
     try:
-        crashed, survivor = RedisSlots(client, ttl=2.0), RedisSlots(client, ttl=2.0)
-        assert await crashed.acquire("crash-test", 1) is not None
-        await asyncio.sleep(1.0)
-        await crashed.renew()  # alive a while longer: now good for 2 s more
-        await asyncio.sleep(1.5)
-        refused = await survivor.acquire("crash-test", 1)  # 2.5 s after the lease began
-        await asyncio.sleep(2.2)  # then it "crashes": no renewal, the lease runs out
+        crashed, survivor = RedisSlots(client, ttl=LEASE), RedisSlots(client, ttl=LEASE)
+        lease = await crashed.acquire("crash-test", 1)
+        assert lease is not None
+        first = await client.zscore(key, lease)
+        assert first is not None
+        await redis_clock_past(client, first - LEASE * 1000 / 2)  # halfway through the lease
+        await crashed.renew()  # alive a while longer: now good for LEASE s from here
+        renewed = await client.zscore(key, lease)
+        assert renewed is not None, "the lease was gone before it was renewed"
+        assert renewed > first, (first, renewed)
+        await redis_clock_past(client, first)  # past the first expiry
+        refused = await survivor.acquire("crash-test", 1)
+        await redis_clock_past(client, renewed)  # then it "crashes": the lease runs out
         granted = await survivor.acquire("crash-test", 1)
     finally:
         await client.aclose()
@@ -243,7 +266,10 @@ def test_cli_limits_take_effect_without_restart(
     created = ocrvl("create", "late", "--rpm", "2", "--concurrency", "5")
     assert created.returncode == 0, created.stderr
     key = created.stdout.strip()
-    time.sleep(1.5)  # the keyrings' reload interval (1 s)
+    # The interval that must pass (the subject, not a guess at how long something takes): a
+    # keyring re-reads the file on the first request more than RELOAD_EVERY (1 s) after its
+    # last check, so every request from here on finds the file as the CLI left it.
+    time.sleep(RELOAD_EVERY + 0.5)
 
     def statuses(count: int) -> list[int]:
         return [
@@ -259,7 +285,7 @@ def test_cli_limits_take_effect_without_restart(
     assert statuses(3) == [200, 200, 429]
     edited = ocrvl("set", "late", "--rpm", "4")
     assert edited.returncode == 0, edited.stderr
-    time.sleep(1.5)
+    time.sleep(RELOAD_EVERY + 0.5)  # the reload interval again
     assert statuses(3) == [200, 200, 429]  # 4 per minute, the 2 earlier ones included
     listing = ocrvl("list")
     line = next(line for line in listing.stdout.splitlines() if line.startswith("late "))
@@ -293,16 +319,27 @@ async def test_redis_killed_mid_run_falls_back_and_returns(
                 )
                 statuses.append(answer.status_code)
 
+    async def answers(more: int) -> None:
+        """Wait for `more` answers to requests sent from now on (the load sends one at a time,
+        so all but the first of them were sent after this call)."""
+        wanted, deadline = len(statuses) + more + 1, time.monotonic() + 60
+        while len(statuses) < wanted:
+            if loader.done():
+                loader.result()
+                raise AssertionError(f"the load stopped: {statuses}")
+            assert time.monotonic() < deadline, f"no {more} answers in 60 s: {statuses}"
+            await asyncio.sleep(0.05)
+
     loader = asyncio.create_task(load())
     try:
-        await asyncio.sleep(1.0)
+        await answers(2)  # under load
         redis_server.kill()
         down_after = await wait_for_storage(server, "memory (redis unreachable: ", 10)
         down_status = await storage_of(server)
-        await asyncio.sleep(1.0)
+        await answers(2)  # admitted while Redis is down
         redis_server.start()
         up_after = await wait_for_storage(server, "redis", 10)
-        await asyncio.sleep(1.0)
+        await answers(2)  # admitted once Redis is back
     finally:
         stop.set()
         await loader

@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.anyio]
 PAGE = data_url(document_page(seed=3, width=320, height=452))
 BUDGET = 20
 FLUSH = "0.5"  # seconds between usage writes, so the tests wait little
+COUNTED = ("requests", "pages", "prompt_tokens", "completion_tokens")  # the store's columns
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +230,9 @@ async def test_totals_survive_a_kill_and_restart(
                 )  # fmt: skip
                 assert answer.status_code == 200
             before = (await client.get(f"{first.url}/v1/usage", headers=headers)).json()["total"]
-        await asyncio.sleep(3 * float(FLUSH))  # past a flush: what a crash may not lose
+        # what a crash may not lose: the counts once a flush has written them to the store
+        flushed = {name: before[name] for name in COUNTED}
+        assert stored(tmp_path, "meter", flushed, within=60) == flushed, "no flush in 60 s"
     finally:
         first.process.kill()  # SIGKILL: no shutdown flush
         first.process.wait()

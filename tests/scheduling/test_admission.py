@@ -34,7 +34,7 @@ async def test_slots_up_to_capacity_then_requests_wait(pool: BackendPool) -> Non
     assert first is not None
     assert second is not None
     first.release()
-    lease = await asyncio.wait_for(third, 1)
+    lease = await asyncio.wait_for(third, 10)
     assert lease is not None
     assert lease.backend.url == "http://a"
     assert pool.backends[0].in_flight == 2
@@ -228,7 +228,7 @@ async def test_a_request_cancelled_while_queued_leaves_and_the_next_one_proceeds
     assert len(scheduler.queue) == 1
     assert held is not None
     held.release()
-    lease = await asyncio.wait_for(behind, 1)
+    lease = await asyncio.wait_for(behind, 10)
     assert lease is not None
     assert pool.backends[0].in_flight == 1
 
@@ -246,7 +246,7 @@ async def test_a_slot_granted_to_a_request_cancelled_at_that_moment_is_passed_on
     assert held is not None
     held.release()  # grants `unlucky` its slot ...
     unlucky.cancel()  # ... which is cancelled before it runs
-    lease = await asyncio.wait_for(behind, 1)
+    lease = await asyncio.wait_for(behind, 10)
     assert lease is not None
     assert pool.backends[0].in_flight == 1
 
@@ -282,7 +282,7 @@ async def test_a_waiter_takes_a_slot_on_whichever_backend_frees_one(pool: Backen
     waiter = asyncio.create_task(scheduler.acquire(MODEL, "k"))
     await settle()
     second.release()
-    lease = await asyncio.wait_for(waiter, 1)
+    lease = await asyncio.wait_for(waiter, 10)
     assert lease is not None
     assert lease.backend is second.backend
 
