@@ -6,7 +6,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,12 +24,12 @@ from tests.conftest import CLIENT_KEY, settings_for
 from tests.support.dnsmasq import DOMAIN, Dnsmasq
 from tests.support.fake_backend import SERVED, FakeVLLM
 from tests.support.servers import ThreadedServer, lifespan_client
+from tests.support.waits import WAIT, until
 
 pytestmark = pytest.mark.anyio
 
 NAME = f"vllm-headless.ocrvl.svc.{DOMAIN}"
 PAGE = {"model": SERVED, "messages": [{"role": "user", "content": "OCR:"}]}
-WAIT = 15.0  # seconds any wait here may take: generous on a loaded 2-core CI machine
 
 
 @pytest.fixture
@@ -213,15 +213,6 @@ async def wait_for_ready(client: httpx.AsyncClient, expected: list[str]) -> None
         if time.monotonic() > deadline:
             pytest.fail(f"/ready lists {listed} after {WAIT:g} s, expected {expected}")
         await asyncio.sleep(0.1)
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Return once `condition()` holds; a failed assertion saying `what` did not happen if it
-    does not within WAIT seconds."""
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} (waited {WAIT:g} s)"
-        await asyncio.sleep(0.01)
 
 
 async def pages(client: httpx.AsyncClient, count: int) -> list[int]:

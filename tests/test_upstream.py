@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -11,21 +10,12 @@ import pytest
 
 from app.upstream import Upstream
 from tests.support.servers import free_port
+from tests.support.waits import WAIT, until
 
 pytestmark = pytest.mark.anyio
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 Serve = Callable[[Handler], Awaitable[str]]
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
-DEADLINE = 10.0  # seconds for anything awaited here: generous on a loaded 2-core CI machine
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Return once `condition()` holds (looked at between loop steps); fail naming `what` if it
-    does not within DEADLINE."""
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {DEADLINE:g} s"
-        await asyncio.sleep(0.005)
 
 
 async def read_request(reader: asyncio.StreamReader) -> bytes:
@@ -104,7 +94,7 @@ async def test_a_chunked_stream_arrives_piece_by_piece(serve: Serve) -> None:
         for part, handed_on in zip((b"data: a\n\n", b"data: b\n\n"), taken, strict=True):
             writer.write(b"%x\r\n%s\r\n" % (len(part), part))
             await writer.drain()
-            await asyncio.wait_for(handed_on.wait(), DEADLINE)  # the next one comes apart
+            await asyncio.wait_for(handed_on.wait(), WAIT)  # the next one comes apart
         writer.write(b"0\r\n\r\n")
 
     url = await serve(handler)
@@ -140,7 +130,7 @@ async def test_chunks_that_arrived_together_are_handed_on_together(serve: Serve)
     upstream = Upstream(10, 4.0, 1.0)
     response = await upstream.post(url, "/v1/chat/completions", {}, b"{}")
     go_on.set()
-    await asyncio.wait_for(sent.wait(), DEADLINE)
+    await asyncio.wait_for(sent.wait(), WAIT)
     # the whole answer, its end included, read into the connection's buffer (nothing taken yet)
     await until(lambda: response._connection.complete, "the answer's end never came in")
     assert not response.drained()
@@ -199,7 +189,7 @@ async def test_an_idle_connection_the_backend_closed_is_replaced_transparently(
         writer.write(OK)
         await writer.drain()
         if connections == 1:
-            await asyncio.wait_for(pooled.wait(), DEADLINE)  # idle in the relay's pool now
+            await asyncio.wait_for(pooled.wait(), WAIT)  # idle in the relay's pool now
             writer.close()  # a server whose keep-alive expired
             await writer.wait_closed()
             expired.set()
@@ -215,7 +205,7 @@ async def test_an_idle_connection_the_backend_closed_is_replaced_transparently(
     upstream = Upstream(10, 4.0, 1.0)
     assert await post(upstream, url) == (200, b"{}")  # read whole: its connection is pooled
     pooled.set()
-    await asyncio.wait_for(expired.wait(), DEADLINE)  # the server has closed the idle connection
+    await asyncio.wait_for(expired.wait(), WAIT)  # the server has closed the idle connection
     assert await post(upstream, url) == (200, b"{}")
     upstream.close()
     assert connections == 2
@@ -234,8 +224,8 @@ async def test_a_cancelled_request_closes_its_connection(serve: Serve) -> None:
     url = await serve(handler)
     upstream = Upstream(10, 4.0, 1.0)
     task = asyncio.create_task(post(upstream, url))
-    await asyncio.wait_for(working.wait(), DEADLINE)  # the backend has the request
+    await asyncio.wait_for(working.wait(), WAIT)  # the backend has the request
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.wait_for(closed.wait(), DEADLINE)
+    await asyncio.wait_for(closed.wait(), WAIT)

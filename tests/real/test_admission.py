@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import ROOT, GatewayServer, VLLMServer, _stop, start_gateway, wait_until_up
 from tests.support.prometheus import metric
 from tests.support.servers import free_port
+from tests.support.waits import until_metric
 
 pytestmark = [pytest.mark.vllm, pytest.mark.anyio]
 CAPACITY = 2
@@ -86,17 +87,6 @@ async def test_a_burst_gets_200s_and_503s_and_vllm_never_queues(
     assert metric(metrics, "ocrvl_shed_total") == statuses.count(503)
 
 
-async def gauge_reads(
-    client: httpx.AsyncClient, name: str, value: float, timeout: float = 60
-) -> float:
-    """Poll the gateway's gauge `name` until it reads `value` (then returns it)."""
-    deadline = time.monotonic() + timeout
-    while (seen := metric((await client.get("/metrics")).text, name)) != value:
-        assert time.monotonic() < deadline, f"{name} read {seen}, never {value}, for {timeout} s"
-        await asyncio.sleep(0.05)
-    return seen
-
-
 async def test_a_client_leaving_the_queue_lets_the_next_one_in(
     admitting_gateway: GatewayServer, vllm_server: VLLMServer
 ) -> None:
@@ -108,13 +98,13 @@ async def test_a_client_leaving_the_queue_lets_the_next_one_in(
         holders = [
             asyncio.create_task(c.post("/v1/chat/completions", json=long)) for _ in range(CAPACITY)
         ]
-        await gauge_reads(c, "ocrvl_backend_in_flight", CAPACITY)  # both slots are taken
+        await until_metric(c, "ocrvl_backend_in_flight", CAPACITY)  # both slots are taken
         leaving = asyncio.create_task(c.post("/v1/chat/completions", json=page(vllm_server, 8)))
-        await gauge_reads(c, "ocrvl_queue_depth", 1)  # queued first
+        await until_metric(c, "ocrvl_queue_depth", 1)  # queued first
         behind = asyncio.create_task(c.post("/v1/chat/completions", json=page(vllm_server, 8)))
-        depth = await gauge_reads(c, "ocrvl_queue_depth", 2)
+        depth = await until_metric(c, "ocrvl_queue_depth", 2)
         leaving.cancel()
-        depth_after = await gauge_reads(c, "ocrvl_queue_depth", 1, timeout=30)
+        depth_after = await until_metric(c, "ocrvl_queue_depth", 1, timeout=30)
         # ... because the client left, not because a slot freed and let it in
         assert not [h for h in holders if h.done()], "a long request ended while it was queued"
         assert not behind.done()

@@ -15,22 +15,11 @@ from tests.conftest import CLIENT_KEY, settings_for
 from tests.support.fake_backend import SERVED, FakeVLLM
 from tests.support.prometheus import metric
 from tests.support.servers import ThreadedServer, lifespan_client
+from tests.support.waits import until_metric
 
 pytestmark = pytest.mark.anyio
 BODY = {"model": SERVED, "messages": [{"role": "user", "content": "OCR:"}]}
 AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
-
-
-async def until_metric(client: httpx.AsyncClient, name: str, value: float, **labels: str) -> None:
-    """Wait until the gateway's /metrics shows `name` at `value` (a state the test waits for,
-    not a time it guesses); fails after 30 s."""
-    seen = None
-    for _ in range(600):
-        seen = metric((await client.get("/metrics")).text, name, **labels)
-        if seen == value:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{name} stayed at {seen}, never {value}")
 
 
 @pytest.mark.parametrize("stream", [False, True])
