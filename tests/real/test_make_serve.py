@@ -209,6 +209,12 @@ well within the engine's `shutdown-timeout` (90 s) and STOP_GRACE_S (90), its st
 (which trailed the engine: a page sized for 20 s took 35 to 53 s to stream, here under heavy
 load)."""
 MAX_PAGE_TOKENS = 4000  # the profile's max-model-len, 4,096, less the prompt's 23
+MIN_PAGE_TOKENS = 1000
+"""The least the page is: a pace read low (the cores busy for a moment, then free) once sized it
+at 300 tokens, which the idle engine decodes in under a second, so it ended before the Ctrl-C
+reached the engine (CI, 2026-12-06). 1,000 tokens take 2 s idle, 22 s at the slowest pace seen
+(~45 tokens/s), well within the drain's 90 s. The pace is also the faster of two readings: a
+page too long costs seconds, one too short fails."""
 
 
 def decode_pace(port: int) -> float:
@@ -257,7 +263,8 @@ def test_ctrl_c_answers_the_page_in_flight_then_stops_everything(make_serve: Ser
     # cannot trap it, and nothing stops (CI, 2026-12-05)
     assert signal.SIGINT not in ignored_signals(process.pid), _tail(log)
     ports = (vllm_port, vllm_port + 1)
-    page_tokens = max(300, min(MAX_PAGE_TOKENS, round(decode_pace(port) * PAGE_SECONDS)))
+    pace = max(decode_pace(port), decode_pace(port))
+    page_tokens = max(MIN_PAGE_TOKENS, min(MAX_PAGE_TOKENS, round(pace * PAGE_SECONDS)))
     body = {"model": "PaddleOCR-VL", "messages": [{"role": "user", "content": "OCR:"}],
             "max_tokens": page_tokens, "ignore_eos": True}  # fmt: skip
     streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
