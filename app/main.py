@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from app import __version__, logs, openapi
+from app import __version__, logs, openapi, scratch
 from app.allocator import trim_when_idle
 from app.auth import Keyring
 from app.backends import BackendPool
@@ -156,6 +156,7 @@ async def open_gateway(
     """Open every long-lived object, each closed by `stack` in the reverse order of opening
     (`stop`: the server's stop as it begins, before requests drain; `activity`: the requests in
     the gateway, RequestContextMiddleware's, for the trim)."""
+    await asyncio.to_thread(scratch.sweep)  # what gateways killed outright left behind
     keyring = keyring_for(settings)
     quotas = Quotas.from_settings(settings, keyring, metrics)
     await quotas.start()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import BinaryIO
 
 import orjson
 
+from app import scratch
 from app.batches.lines import is_error, output_line, read_lines
 from app.store import Files
 from app.store.files import FileRecord
@@ -88,7 +88,7 @@ async def write_files(
     """(output file id, error file id), None for a file that would be empty; `chunks`: the
     kept lines in order (Store.page_chunks); `unrun`: the input file and the lines kept, the
     rest written as `batch_expired` errors."""
-    folder = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="ocrvl-batch-"))
+    folder = Path(await asyncio.to_thread(scratch.folder, "batch"))
     try:
         output, good, errors, bad = await _split(chunks, folder)
         if unrun is not None:

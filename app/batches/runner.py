@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import tempfile
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+from app import scratch
 from app.batches.lines import Line, parsed, read_lines, validation_errors
 from app.batches.requests import Chats, answer
 from app.batches.results import write_files
@@ -64,7 +64,7 @@ class BatchRunner(Runner):
         await asyncio.gather(*self._finishing, return_exceptions=True)
 
     async def _run(self, job: Job) -> None:
-        folder = Path(tempfile.mkdtemp(prefix="ocrvl-batch-"))
+        folder = Path(await asyncio.to_thread(scratch.folder, "batch"))
         log.info("batch %s runs here (%d lines kept before)", job.id, job.pages_done)
         try:
             path = await self.store.document(job.id, folder)

@@ -20,7 +20,7 @@ from fastapi import Request
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from app import policy
+from app import policy, scratch
 from app.bodies import capped
 from app.documents.errors import DocumentError
 from app.documents.job import PROMPTS
@@ -316,7 +316,7 @@ def spool(upload: Upload, data: bytes | None, folder: str) -> tuple[str, bytes]:
     the file's name (no inode left, a quota reached) is refused as a full one is."""
     path = None
     try:
-        fd, path = tempfile.mkstemp(prefix="ocr-", dir=folder)
+        fd, path = tempfile.mkstemp(prefix=scratch.prefix("upload"), dir=folder)
         with os.fdopen(fd, "wb") as out:
             if upload.upload is not None:
                 source: IO[bytes] = upload.upload.file

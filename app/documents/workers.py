@@ -28,7 +28,6 @@ import multiprocessing
 import os
 import select
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from app import scratch
 from app.documents import raster
 from app.documents.errors import DocumentError
 from app.documents.selection import PageSelection
@@ -47,7 +47,6 @@ ATTEMPTS = 3  # tries of a task whose worker dies before it is reported as the f
 CLOSE_GRACE = 1.0  # seconds a worker's page may still take once the pool closes; then killed
 KILL_WAIT = 1.0  # seconds to wait for a killed worker (or the pool's thread) to be gone
 HELD_BYTES = 128 * 1024 * 1024  # OCRVL_PREPROCESS_HELD_BYTES's default
-PIXELS_FOLDER = "ocrvl-pixels-"  # then the gateway's pid: ocrvl-pixels-<pid>-<random>
 
 
 def worker_started(parent: int) -> None:
@@ -123,7 +122,7 @@ class Preprocessor:
         self.workers = workers
         self.held_bytes = held_bytes
         self.held = 0  # bytes of pixels held now
-        self.folder = _pixels_folder()
+        self.folder = scratch.folder("pixels")  # the lifespan swept the ones left behind
         self._pool = self._new_pool()
         self._closed = False
 
@@ -224,22 +223,6 @@ class Preprocessor:
             log.warning("%d preprocessing worker(s) still running %g s after the pool closed "
                         "(a page that did not end): killed", len(busy), grace)  # fmt: skip
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _pixels_folder() -> str:
-    """A folder of this gateway's own in the temp folder, for the pixels it holds; those that
-    gateways killed outright left behind (their process gone) deleted first."""
-    base = tempfile.gettempdir()
-    for name in os.listdir(base):
-        parts = name.split("-")
-        if name.startswith(PIXELS_FOLDER) and len(parts) == 4 and parts[2].isdigit():
-            try:
-                os.kill(int(parts[2]), 0)
-            except ProcessLookupError:
-                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-            except PermissionError:  # another user's, alive
-                pass
-    return tempfile.mkdtemp(prefix=f"{PIXELS_FOLDER}{os.getpid()}-", dir=base)
 
 
 def _discard(task: asyncio.Future[Any]) -> None:

@@ -23,7 +23,6 @@ import os
 import secrets
 import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
@@ -32,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from app import scratch
 from app.documents.cache import PageCache
 from app.documents.layouts import LayoutService
 from app.documents.workers import Preprocessor
@@ -178,7 +178,7 @@ class Runner:
         event = "resumed" if job.pages_done else "started"
         self.events.event(job, event, RUNNING, holder=self.holder, pages_done=job.pages_done)
         self.events.running.inc()
-        folder = Path(tempfile.mkdtemp(prefix="ocrvl-job-"))
+        folder = Path(await asyncio.to_thread(scratch.folder, "job"))
         try:
             path = await self.store.document(job.id, folder)
             if path is None:

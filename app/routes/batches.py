@@ -23,7 +23,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app import idempotency
+from app import idempotency, scratch
 from app.auth import KeyName
 from app.batches.lines import ENDPOINTS
 from app.batches.view import batch_object
@@ -139,7 +139,7 @@ async def _create(body: dict[str, Any], key: str, gateway: Gateway, guard: str |
             retry_after=FULL_RETRY_AFTER,
             headers={},
         )
-    handle, name = await asyncio.to_thread(tempfile.mkstemp, prefix="ocrvl-batch-input-")
+    handle, name = await asyncio.to_thread(tempfile.mkstemp, prefix=scratch.prefix("lines"))
     await asyncio.to_thread(os.close, handle)
     path = Path(name)
     try:

@@ -23,7 +23,7 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.responses import Response, StreamingResponse
 
-from app import idempotency
+from app import idempotency, scratch
 from app.auth import KeyName
 from app.batches.view import file_object
 from app.bodies import capped
@@ -158,7 +158,7 @@ async def upload(request: Request, key: Admitted, gateway: GatewayDep) -> Respon
 
 def _spool(upload: UploadFile) -> Path:
     """The upload in a file of its own (blocking)."""
-    handle, name = tempfile.mkstemp(prefix="ocrvl-file-")
+    handle, name = tempfile.mkstemp(prefix=scratch.prefix("file"))
     with os.fdopen(handle, "wb") as out:
         upload.file.seek(0)
         shutil.copyfileobj(upload.file, out)

@@ -11,7 +11,6 @@ import signal
 import socket
 import struct
 import subprocess
-import tempfile
 from collections.abc import AsyncIterator
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -294,27 +293,5 @@ async def test_pixels_kept_for_a_reading_cancelled_meanwhile_are_deleted(tmp_pat
         assert len(worker_call) == 1
         await asyncio.wait(worker_call)  # its done callbacks, the deletion first, have run
         assert (pool.held, os.listdir(pool.folder)) == (0, [])
-    finally:
-        pool.close()
-
-
-def test_pixels_left_by_a_gateway_killed_outright_go_when_the_next_starts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A gateway killed outright (kill -9, the OOM killer) leaves its pixels folder in the
-    temp folder: the next gateway's pool deletes it, never a live gateway's."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    finished = subprocess.Popen(["true"])
-    finished.wait()
-    dead = tmp_path / f"ocrvl-pixels-{finished.pid}-abc"
-    alive = tmp_path / f"ocrvl-pixels-{os.getppid()}-abc"
-    for folder in (dead, alive):
-        folder.mkdir()
-        (folder / "page.rgb").write_bytes(b"\0" * 3)
-    pool = Preprocessor(1)
-    try:
-        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-            [alive.name, os.path.basename(pool.folder)]
-        )
     finally:
         pool.close()

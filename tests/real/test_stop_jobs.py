@@ -45,7 +45,7 @@ def gateway_in_its_session(vllm: VLLMServer, layout: str, folder: Path) -> Gatew
         "OCRVL_BACKEND_API_KEY": vllm.api_key, "OCRVL_HEALTH_INTERVAL": "1",
         "OCRVL_DATA_DIR": str(folder / "data"), "OCRVL_LAYOUT_URL": layout,
         "OCRVL_MAX_PIXELS": MAX_PIXELS, "OCRVL_PREPROCESS_WORKERS": "1",
-        "OCRVL_JOB_PAGE_CONCURRENCY": "2",
+        "OCRVL_JOB_PAGE_CONCURRENCY": "2", "TMPDIR": str(temp_folder(folder)),
     }  # fmt: skip
     with log_path.open("ab") as log:
         process = subprocess.Popen(
@@ -55,6 +55,17 @@ def gateway_in_its_session(vllm: VLLMServer, layout: str, folder: Path) -> Gatew
     url = f"http://127.0.0.1:{port}"
     wait_until_up(f"{url}/ready", process, log_path, 60)
     return GatewayServer(url, KEY, (KEY,), log_path, vllm, process)
+
+
+def temp_folder(folder: Path) -> Path:
+    """The gateways' temp folder (TMPDIR): where they spool and keep their scratch files."""
+    (folder / "tmp").mkdir(exist_ok=True)
+    return folder / "tmp"
+
+
+def scratch(folder: Path) -> set[str]:
+    """The scratch files and folders (app/scratch.py) in the gateways' temp folder."""
+    return {path.name for path in temp_folder(folder).iterdir() if path.name.startswith("ocrvl-")}
 
 
 def http(server: GatewayServer) -> httpx.Client:
@@ -131,7 +142,9 @@ def test_a_stop_at_any_moment_loses_no_page(
 ) -> None:
     """A 6-page layout=on job, two /v1/ocr requests in flight, the signal to the gateway's
     whole process group: no page is kept failed (a SIGTERM lets the requests in flight finish,
-    200); the next gateway on the data dir ends the job succeeded, pages 1-6 each once."""
+    200); the next gateway on the data dir ends the job succeeded, pages 1-6 each once. The
+    scratch files (the job's document, the requests' uploads, the pages' pixels) go with a
+    SIGTERM; a SIGKILL leaves them, and the next gateway deletes them as it starts."""
     first = gateway_in_its_session(vllm_server, layout_service, tmp_path)
     try:
         with http(first) as client:
@@ -147,11 +160,16 @@ def test_a_stop_at_any_moment_loses_no_page(
             thread.join(timeout=300)
     finally:
         _stop(first.process)
+    left = scratch(tmp_path)
     if sent == signal.SIGTERM:
         assert answers == [200, 200], first.log_path.read_text()[-3000:]
+        assert left == set()
+    elif moment == "mid-job":  # pages done: the job's folder holds its document by then
+        assert any(name.startswith("ocrvl-job-") for name in left), left
     assert failed_pages(tmp_path, job_id) == {}
     second = gateway_in_its_session(vllm_server, layout_service, tmp_path)
     try:
+        assert scratch(tmp_path) & left == set()
         with http(second) as client:
             deadline = time.monotonic() + 600
             job = client.get(f"/v1/ocr/jobs/{job_id}", params={"wait": "5"}).json()

@@ -119,4 +119,4 @@ def full(*_: Any, **__: Any) -> None:
 
 def leftovers(folder: Path) -> list[Path]:
     """Spooled document files still in the temp folder."""
-    return list(folder.glob("ocr-*"))
+    return list(folder.glob("ocrvl-upload-*"))

@@ -123,7 +123,7 @@ def test_a_40_mb_document_goes_through_nginx_and_the_read_only_gateway(stack: St
         "gateway", "python", "-c", "import json, os; print(json.dumps(os.listdir('/tmp')))"
     )
     assert listing.returncode == 0, listing.stderr
-    assert not [name for name in json.loads(listing.stdout) if name.startswith("ocr-")]
+    assert not [name for name in json.loads(listing.stdout) if name.startswith("ocrvl-upload-")]
 
 
 def test_a_key_created_with_the_image_works_at_once_without_a_restart(stack: Stack) -> None:
