@@ -8,8 +8,11 @@ never skipped. pytest and `ocrvl` run from the gateway venv (locks/); vLLM from 
 
 from __future__ import annotations
 
+import atexit
+import functools
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,6 +88,18 @@ def fake() -> Iterator[FakeVLLM]:
                 backend.gate.set()  # a test that failed before opening it holds no answer
 
 
+SYSTEM_TEMP = tempfile.gettempdir()  # before any test points tempfile elsewhere
+
+
+@functools.cache
+def data_root() -> Path:
+    """This test process's folder of job stores, deleted when it exits (a session makes about
+    a thousand; each its own folder in the temp folder, they stayed there for good)."""
+    root = Path(tempfile.mkdtemp(prefix="ocrvl-test-data-", dir=SYSTEM_TEMP))
+    atexit.register(shutil.rmtree, root, True)
+    return root
+
+
 def settings_for(*backends: str, **overrides: Any) -> Settings:
     """Gateway settings for tests: one client key, the fake's backend key."""
     values: dict[str, Any] = {
@@ -93,7 +108,7 @@ def settings_for(*backends: str, **overrides: Any) -> Settings:
         "backend_api_key": BACKEND_KEY,
         "health_interval": 0.2,
         # a job store of its own (never ./data, nor another test's jobs to resume)
-        "data_dir": Path(tempfile.mkdtemp(prefix="ocrvl-test-data-")),
+        "data_dir": Path(tempfile.mkdtemp(dir=data_root())),
         **overrides,
     }
     return Settings(**values)
