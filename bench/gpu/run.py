@@ -24,6 +24,9 @@ host, the corpus, the window rules, the variants and the device calls, each a li
     vit           the vision tower's attention (issue 50 item 3): bench.gpu.encoder_check with
                   the plan's `vit` options, the plugin's modes and vLLM's backends timed and checked
                   on the idle GPU, into RES/vit-attention.json
+    spy           past the windows, py-spy's samples of every process of `up`'s stack under
+                  the plan's `spy.variant` load for `spy.seconds`, and its busiest processes,
+                  threads and frames (`busiest`), into RES/spy-VARIANT.{txt,json}
     alone I       the I-th window of the layout service alone (/v1/layout), its settings'
                   A B B A ... order: each of `alone.services` (a name: its flags) started on
                   its own port at the first (kept for the next calls, as `up`'s stack is); its
@@ -41,12 +44,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 import time
 import urllib.request
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +140,7 @@ class Pass:
 # pip into the host's /tmp/site032 (env.sh puts it first on PYTHONPATH), offline, no deps
 PIP = ["python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
        "--no-build-isolation", "--target", "/tmp/site032"]  # fmt: skip  # noqa: S108
+PY_SPY = "/tmp/site032/bin/py-spy"  # noqa: S108 (where PIP puts the wheel's binary)
 
 
 def install(p: Pass) -> None:
@@ -230,15 +237,15 @@ def room(p: Pass, name: str) -> int | None:
     return int(cap)
 
 
-def load(p: Pass, name: str, url: str, cap: int, concurrency: int, *options: str) -> None:
-    """One window of bench.gpu.load, capped at `cap` seconds."""
+def load(p: Pass, name: str, url: str, cap: int, concurrency: int, *options: str) -> list[str]:
+    """bench.gpu.load's command line for one window capped at `cap` seconds."""
     rules, corpus = p.plan["window"], p.plan["corpus"]
-    p.run([p.host["python"], "-m", "bench.gpu.load", url, "--name", name, "--out", str(p.res),
-           "--concurrency", str(concurrency), "--ramp", str(rules["ramp_s"]),
-           "--window", str(rules["seconds"]), "--latencies", str(rules["latencies"]),
-           "--bin", str(rules["bin_s"]), "--max-seconds", str(cap),
-           "--pages", str(corpus["pages"]), "--median", str(corpus["median"]),
-           "--sigma", str(corpus["sigma"]), "--key", KEY, *options])  # fmt: skip
+    return [p.host["python"], "-m", "bench.gpu.load", url, "--name", name, "--out", str(p.res),
+            "--concurrency", str(concurrency), "--ramp", str(rules["ramp_s"]),
+            "--window", str(rules["seconds"]), "--latencies", str(rules["latencies"]),
+            "--bin", str(rules["bin_s"]), "--max-seconds", str(cap),
+            "--pages", str(corpus["pages"]), "--median", str(corpus["median"]),
+            "--sigma", str(corpus["sigma"]), "--key", KEY, *options]  # fmt: skip
 
 
 def window(p: Pass, index: int) -> None:
@@ -253,7 +260,8 @@ def window(p: Pass, index: int) -> None:
     if cap is None:
         return
     before = reads.snapshot(url, engines)
-    load(p, name, url, cap, variant["concurrency"], "--api", "ocr", "--layout", variant["layout"])
+    p.run(load(p, name, url, cap, variant["concurrency"], "--api", "ocr", "--layout",
+               variant["layout"]))  # fmt: skip
     after = reads.snapshot(url, engines)
     (p.res / f"{name}.metrics.json").write_text(json.dumps({"before": before, "after": after}))
     found = reads.check(before, after, p.res / f"{name}.requests.csv")
@@ -288,12 +296,58 @@ def alone(p: Pass, index: int) -> None:
         try:
             cap = room(p, stem)
             if cap is not None:
-                load(p, stem, url, cap, given["concurrency"], "--api", "layout", "--seed",
-                     str(index))  # fmt: skip
+                p.run(load(p, stem, url, cap, given["concurrency"], "--api", "layout",
+                           "--seed", str(index)))  # fmt: skip
         finally:
             top.terminate()
             top.wait()
     (p.res / f"{stem}.metrics-after.txt").write_text(reads.fetch(url + "/metrics"))
+
+
+def spy(p: Pass) -> None:
+    """py-spy's samples of every process `make serve` started (the gateway, the engines' API
+    servers and EngineCores, the layout service) for `spy.seconds` under the `spy.variant`
+    load once it has ramped, past the windows (not one): RES/spy-VARIANT.{txt,json}."""
+    given, ramp = p.plan["spy"], p.plan["window"]["ramp_s"]
+    variant = {v["name"]: v for v in p.plan["variants"]}[given["variant"]]
+    seconds, rate, name = given["seconds"], given["rate"], f"spy-{given['variant']}"
+    if p.left() < seconds + ramp + 60:  # as a window, skipped: the call's next stages run
+        print(f"spy skipped: {p.left():.0f} s left in this call", flush=True)
+        return
+    url = p.url("gateway" if variant["layout"] == "off" else "layout_gateway")
+    command = load(p, f"{name}-load", url, int(ramp + seconds + 20), variant["concurrency"],
+                   "--api", "ocr", "--layout", variant["layout"])  # fmt: skip
+    with subprocess.Popen(command, cwd=ROOT):
+        time.sleep(ramp + 10)  # the harness's pace: the load's clients all started, and busy
+        p.run([shutil.which("py-spy") or PY_SPY, "record", "--nonblocking",
+               "--subprocesses", "--threads", "--format", "raw", "--rate", str(rate),
+               "--duration", str(seconds), "--pid", (WORK / "serve.pid").read_text().strip(),
+               "--output", str(p.res / f"{name}.txt")])  # fmt: skip
+    if (p.res / f"{name}.txt").exists():  # else py-spy failed, and its output says why
+        found = busiest((p.res / f"{name}.txt").read_text(errors="replace"), rate * seconds)
+        (p.res / f"{name}.json").write_text(json.dumps(found, indent=1) + "\n")
+        for row in found:
+            print(f"{row['cores']:.2f} {row['process'][:90]}", *row["self"][:6], sep="\n  ")
+
+
+def busiest(raw: str, whole: float) -> list[dict[str, Any]]:
+    """py-spy's raw stacks (`process PID:"CMD";...;thread (TID): NAME;frame;... COUNT`, the last
+    `process` the line's own) per process, busiest first: the cores it and each thread kept busy
+    (py-spy counts a thread while it runs: samples over rate x seconds, `whole`) and its
+    costliest innermost frames, line numbers dropped."""
+    threads: dict[str, Counter[str]] = defaultdict(Counter)
+    frames: dict[str, Counter[str]] = defaultdict(Counter)
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        names = stack.split(";")
+        own = max((i for i, name in enumerate(names) if name.startswith("process ")), default=-9)
+        if count.isdigit() and 0 <= own < len(names) - 1:
+            threads[names[own][8:]][names[own + 1]] += int(count)
+            frames[names[own][8:]][re.sub(r":\d+\)$", ")", names[-1])] += int(count)
+    ranked = sorted(threads.items(), key=lambda kv: -kv[1].total())
+    return [{"process": process, "cores": round(counts.total() / whole, 3),
+             "threads": {name: round(n / whole, 3) for name, n in counts.most_common()},
+             "self": frames[process].most_common(20)} for process, counts in ranked]  # fmt: skip
 
 
 def down(p: Pass) -> None:
@@ -328,8 +382,8 @@ def report(p: Pass) -> None:
 
 
 STAGES = {"install": install, "install-layout": install_layout, "prepare": prepare,
-          "floor": floor, "vit": vit, "up": up, "ready": ready, "report": report,
-          "down": down}  # fmt: skip
+          "floor": floor, "vit": vit, "up": up, "ready": ready, "spy": spy,
+          "report": report, "down": down}  # fmt: skip
 
 
 def stages(p: Pass, words: list[str]) -> int:

@@ -76,6 +76,21 @@ def test_the_vit_stage_times_every_attention_mode_and_backend() -> None:
     assert words.index("prepare") < words.index("vit")
 
 
+@pytest.mark.parametrize("name", sorted(path.name for path in PLANS.glob("*.json")))
+def test_a_plan_that_spies_names_one_of_its_variants_and_spies_once(name: str) -> None:
+    """`spy` reads the plan's `spy` section: a variant the plan has, seconds and a rate; it
+    runs past the windows (after the last one), once."""
+    given = plan(name)
+    words = " ".join(" ".join(call) for call in given["calls"]).split()
+    if "spy" not in words:
+        return
+    assert words.count("spy") == 1
+    assert given["spy"]["variant"] in [v["name"] for v in given["variants"]]
+    assert given["spy"]["seconds"] > 0 < given["spy"]["rate"]
+    last = max(i for i, word in enumerate(words) if word == "window")
+    assert words.index("spy") > last
+
+
 def test_the_h200_plan_keeps_method_2s_rules() -> None:
     """Variants `default` (layout off) and `layout` (on), 3 windows each, >= 120 s and >= 10
     mean latencies, 10-s bins; every wheel part received once; calls within 600 s."""
@@ -88,7 +103,7 @@ def test_the_h200_plan_keeps_method_2s_rules() -> None:
     assert given["window"]["bin_s"] == 10
     parts = [int(call[0].split()[1]) for call in given["calls"] if call[0].startswith("receive")]
     assert sorted(parts) == list(range(1, 41))  # 40 parts of 44 MiB of the 1,756 MiB set
-    # the last part (40 MiB) travels alone: `.whl` (8.3 MiB) goes with the install's call
+    # the last part (40 MiB) travels alone: `.whl` (11 MiB) goes with the install's call
     assert next(call for call in given["calls"] if "install" in call)[0] == "install"
     assert given["limit_s"] < 600
     assert given["host"]["profile"] == "h200-141gb"
@@ -280,3 +295,23 @@ def test_a_pass_without_the_layout_service_alone_takes_its_earlier_pass_and_writ
     assert (PLANS.parents[1] / "results" / earlier["raw"]).exists()
     text = (out / "gpu-h200-method2.md").read_text()
     assert f"measured in a pass of its own: {earlier['raw']}" in text
+
+
+def test_the_spy_stage_ranks_processes_threads_and_frames_by_the_cores_they_kept_busy() -> None:
+    """py-spy's raw stacks (py-spy 0.4.3's format with --subprocesses --threads, fixed here as
+    the input): a line's last `process` is its own; a thread's samples over rate x seconds are
+    the cores it kept busy; innermost frames add up across lines, line numbers dropped."""
+    root, api, core = 'process 10:"bash serve.sh"', 'process 20:"APIServer_0"', 'process 30:"Core"'
+    raw = "\n".join([
+        f"{root};{api};thread (20): MainThread;run (asyncio.py:6);call (image.py:40) 120",
+        f"{root};{api};thread (20): MainThread;run (asyncio.py:6);call (image.py:41) 60",
+        f"{root};{api};thread (21): Thread-1;detokenize (detok.py:5) 30",
+        f"{root};{api};{core};thread (30): MainThread;step (core.py:99) 45",
+        "a line that is no stack",
+    ])  # fmt: skip
+    found = run.busiest(raw, whole=10 * 3)  # 30 samples: one core busy all along
+    assert [row["process"] for row in found] == ['20:"APIServer_0"', '30:"Core"']
+    assert [row["cores"] for row in found] == [7.0, 1.5]
+    assert found[0]["threads"] == {"thread (20): MainThread": 6.0, "thread (21): Thread-1": 1.0}
+    assert found[0]["self"] == [("call (image.py)", 180), ("detokenize (detok.py)", 30)]
+    assert found[1]["self"] == [("step (core.py)", 45)]
