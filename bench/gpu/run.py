@@ -305,9 +305,8 @@ def alone(p: Pass, index: int) -> None:
 
 
 def spy(p: Pass) -> None:
-    """py-spy's samples of every process `make serve` started (the gateway, the engines' API
-    servers and EngineCores, the layout service) for `spy.seconds` under the `spy.variant`
-    load once it has ramped, past the windows (not one): RES/spy-VARIANT.{txt,json}."""
+    """py-spy's samples of every process `make serve` started for `spy.seconds` of the
+    `spy.variant` load once ramped, past the windows (not one): RES/spy-VARIANT.{txt,json}."""
     given, ramp = p.plan["spy"], p.plan["window"]["ramp_s"]
     variant = {v["name"]: v for v in p.plan["variants"]}[given["variant"]]
     seconds, rate, name = given["seconds"], given["rate"], f"spy-{given['variant']}"
@@ -315,8 +314,10 @@ def spy(p: Pass) -> None:
         print(f"spy skipped: {p.left():.0f} s left in this call", flush=True)
         return
     url = p.url("gateway" if variant["layout"] == "off" else "layout_gateway")
-    command = load(p, f"{name}-load", url, int(ramp + seconds + 20), variant["concurrency"],
-                   "--api", "ocr", "--layout", variant["layout"])  # fmt: skip
+    cap = int(ramp + seconds + 20)  # the window's rules past it: the load runs to its cap
+    command = load(p, f"{name}-load", url, cap, variant["concurrency"], "--api", "ocr",
+                   "--layout", variant["layout"], "--window", str(cap), "--latencies", "1e9"
+                   )  # fmt: skip
     with subprocess.Popen(command, cwd=ROOT):
         time.sleep(ramp + 10)  # the harness's pace: the load's clients all started, and busy
         p.run([shutil.which("py-spy") or PY_SPY, "record", "--nonblocking",
@@ -333,8 +334,7 @@ def spy(p: Pass) -> None:
 def busiest(raw: str, whole: float) -> list[dict[str, Any]]:
     """py-spy's raw stacks (`process PID:"CMD";...;thread (TID): NAME;frame;... COUNT`, the last
     `process` the line's own) per process, busiest first: the cores it and each thread kept busy
-    (py-spy counts a thread while it runs: samples over rate x seconds, `whole`) and its
-    costliest innermost frames, line numbers dropped."""
+    (samples of a running thread over `whole`, rate x seconds) and its costliest frames."""
     threads: dict[str, Counter[str]] = defaultdict(Counter)
     frames: dict[str, Counter[str]] = defaultdict(Counter)
     for line in raw.splitlines():
