@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -24,6 +25,7 @@ import time
 log = logging.getLogger(__name__)
 
 KINDS = ("upload", "file", "lines", "job", "batch", "pixels")
+NAME = re.compile(rf"ocrvl-(?:{'|'.join(KINDS)})-(\d+)-")  # a scratch entry's start: its pid
 # Before anything this process makes: its own entries are all younger (time.time() and the
 # files' ctime are the same clock).
 STARTED = time.time()
@@ -63,11 +65,8 @@ def sweep() -> int:
 
 def _pid(name: str) -> int | None:
     """The pid in a scratch entry's name; None for any other name."""
-    for kind in KINDS:
-        pid, dash, _ = name.removeprefix(f"ocrvl-{kind}-").partition("-")
-        if name.startswith(f"ocrvl-{kind}-") and dash and pid.isdigit():
-            return int(pid)
-    return None
+    found = NAME.match(name)
+    return int(found[1]) if found else None
 
 
 def _left_behind(entry: os.DirEntry[str], pid: int) -> bool:

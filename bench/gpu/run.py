@@ -309,13 +309,13 @@ def spy(p: Pass) -> None:
     `spy.variant` load once ramped, past the windows (not one): RES/spy-VARIANT.{txt,json}."""
     given, ramp = p.plan["spy"], p.plan["window"]["ramp_s"]
     variant = {v["name"]: v for v in p.plan["variants"]}[given["variant"]]
-    seconds, rate, name = given["seconds"], given["rate"], f"spy-{given['variant']}"
+    seconds, rate, raw = given["seconds"], given["rate"], p.res / f"spy-{given['variant']}.txt"
     if p.left() < seconds + ramp + 60:  # as a window, skipped: the call's next stages run
         print(f"spy skipped: {p.left():.0f} s left in this call", flush=True)
         return
     url = p.url("gateway" if variant["layout"] == "off" else "layout_gateway")
     cap = int(ramp + seconds + 20)  # the window's rules past it: the load runs to its cap
-    command = load(p, f"{name}-load", url, cap, variant["concurrency"], "--api", "ocr",
+    command = load(p, f"{raw.stem}-load", url, cap, variant["concurrency"], "--api", "ocr",
                    "--layout", variant["layout"], "--window", str(cap), "--latencies", "1e9"
                    )  # fmt: skip
     with subprocess.Popen(command, cwd=ROOT):
@@ -323,10 +323,10 @@ def spy(p: Pass) -> None:
         p.run([shutil.which("py-spy") or PY_SPY, "record", "--nonblocking",
                "--subprocesses", "--threads", "--format", "raw", "--rate", str(rate),
                "--duration", str(seconds), "--pid", (WORK / "serve.pid").read_text().strip(),
-               "--output", str(p.res / f"{name}.txt")])  # fmt: skip
-    if (p.res / f"{name}.txt").exists():  # else py-spy failed, and its output says why
-        found = busiest((p.res / f"{name}.txt").read_text(errors="replace"), rate * seconds)
-        (p.res / f"{name}.json").write_text(json.dumps(found, indent=1) + "\n")
+               "--output", str(raw)])  # fmt: skip
+    if raw.exists():  # else py-spy failed, and its output says why
+        found = busiest(raw.read_text(errors="replace"), rate * seconds)
+        raw.with_suffix(".json").write_text(json.dumps(found, indent=1) + "\n")
         for row in found:
             print(f"{row['cores']:.2f} {row['process'][:90]}", *row["self"][:6], sep="\n  ")
 
@@ -342,8 +342,9 @@ def busiest(raw: str, whole: float) -> list[dict[str, Any]]:
         names = stack.split(";")
         own = max((i for i, name in enumerate(names) if name.startswith("process ")), default=-9)
         if count.isdigit() and 0 <= own < len(names) - 1:
-            threads[names[own][8:]][names[own + 1]] += int(count)
-            frames[names[own][8:]][re.sub(r":\d+\)$", ")", names[-1])] += int(count)
+            process = names[own].removeprefix("process ")
+            threads[process][names[own + 1]] += int(count)
+            frames[process][re.sub(r":\d+\)$", ")", names[-1])] += int(count)
     ranked = sorted(threads.items(), key=lambda kv: -kv[1].total())
     return [{"process": process, "cores": round(counts.total() / whole, 3),
              "threads": {name: round(n / whole, 3) for name, n in counts.most_common()},
