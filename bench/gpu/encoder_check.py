@@ -72,8 +72,9 @@ def parallel_state(vllm_config: Any, device: torch.device) -> None:
 def build(
     model_dir: Path, cls: type, device: torch.device, dtype: torch.dtype, backend: str | None = None
 ) -> Any:
-    """`cls` (vLLM's PaddleOCR-VL class or a subclass) as vLLM builds it, weights loaded; its
-    ViT attention `backend` as `--mm-encoder-attn-backend` names it (None: vLLM's pick)."""
+    """`cls` (vLLM's PaddleOCR-VL class or a subclass) as vLLM builds it, weights loaded, taking
+    normalised pixels (mm_device_do_normalize off); its ViT attention `backend` as
+    `--mm-encoder-attn-backend` names it (None: vLLM's pick)."""
     from safetensors.torch import load_file  # noqa: PLC0415
     from vllm.config import ModelConfig, VllmConfig  # noqa: PLC0415
     from vllm.model_executor.model_loader.utils import (  # noqa: PLC0415
@@ -84,7 +85,7 @@ def build(
 
     model_config = ModelConfig(
         model=str(model_dir), dtype=dtype, max_model_len=4096, skip_tokenizer_init=True,
-        enforce_eager=True, mm_encoder_attn_backend=backend,
+        enforce_eager=True, mm_encoder_attn_backend=backend, mm_device_do_normalize=False,
     )  # fmt: skip
     vllm_config = VllmConfig(model_config=model_config)
     parallel_state(vllm_config, device)

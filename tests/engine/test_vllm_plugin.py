@@ -27,6 +27,9 @@ with warnings.catch_warnings():  # torch's own DeprecationWarnings (torch.jit) o
     from ocrvl_vllm_plugin import ARCHITECTURE, CLASS, MODULE, attention, register
     from ocrvl_vllm_plugin.encoder import PositionCache
     from ocrvl_vllm_plugin.model import IN_USE
+    from transformers import AutoImageProcessor
+    from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.fusion.mm_input_norm import build_mm_input_norm
     from vllm.model_executor.layers.rotary_embedding.common import ApplyRotaryEmb
 
     from bench.gpu import encoder_check
@@ -85,6 +88,36 @@ def test_same_sized_images_stacked_in_one_tensor(models: tuple[Any, Any]) -> Non
     grids = [(1, 24, 24)] * 3
     hidden = stock.config.text_config.hidden_size
     assert_same(embeddings(packed, grids, stacked=True), embeddings(stock, grids), grids, hidden)
+
+
+def test_uint8_pixels_normalised_on_the_device_give_vllms_embeddings(
+    models: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the plugin registered, vLLM turns mm_device_do_normalize on: the processor sends the
+    patches as uint8 and the plugin rescales and normalises them before the patch embedding.
+    vLLM's class, given the processor's own arithmetic on the same integers, embeds the same."""
+    stock, packed = models
+    register()
+    config = ModelConfig(model=str(tiny_model_dir()), dtype=torch.float32, max_model_len=4096,
+                         skip_tokenizer_init=True, enforce_eager=True)  # fmt: skip
+    assert config.multimodal_config is not None
+    assert config.multimodal_config.mm_device_do_normalize  # the plugin's class asks for it
+    with set_current_vllm_config(VllmConfig(model_config=config)):  # a CustomOp's context
+        norm = build_mm_input_norm(config)
+    assert norm.input_dtype == torch.uint8  # not the identity: the checkpoint normalises
+    monkeypatch.setattr(packed.packed_encoder, "norm", norm)
+    processor = AutoImageProcessor.from_pretrained(tiny_model_dir())
+    mean = torch.tensor(processor.image_mean).view(3, 1, 1)
+    std = torch.tensor(processor.image_std).view(3, 1, 1)
+    generator = torch.Generator().manual_seed(7)
+    raw = [torch.randint(0, 256, (t * h * w, 3, 14, 14), generator=generator, dtype=torch.uint8)
+           for t, h, w in MIXED]  # fmt: skip
+    floats = [(r.float() * processor.rescale_factor - mean) / std for r in raw]
+    grid_thw = torch.tensor(MIXED, dtype=torch.int64)
+    with torch.inference_mode():
+        ours = packed.embed_multimodal(pixel_values=raw, image_grid_thw=grid_thw)
+        theirs = stock.embed_multimodal(pixel_values=floats, image_grid_thw=grid_thw)
+    assert_same(ours, theirs, MIXED, stock.config.text_config.hidden_size)
 
 
 def calls(model: Any, grids: list[Grid]) -> dict[str, int]:
@@ -290,8 +323,10 @@ def log_of(server: VLLMServer) -> str:
 @pytest.mark.vllm
 def test_the_session_engine_runs_the_packed_encoder(vllm_server: VLLMServer) -> None:
     """The plugin is on by default: the session's engine built the packed class (its own log
-    line, written when vLLM constructs it)."""
-    assert IN_USE in log_of(vllm_server)
+    line, written when vLLM constructs it), which vLLM gave pixels to normalise on the device."""
+    log = log_of(vllm_server)
+    assert IN_USE in log
+    assert "pixels normalised on the device" in log
 
 
 @pytest.mark.vllm

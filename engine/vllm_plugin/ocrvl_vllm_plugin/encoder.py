@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
+from vllm.model_executor.layers.fusion.mm_input_norm import IdentityInputNorm
 from vllm.model_executor.models.paddleocr_vl import (
     Projector,
     SiglipAttention,
@@ -109,7 +110,9 @@ class Layers:
 class PackedEncoder:
     """Runs `visual` and `projector` over a whole batch of images at once."""
 
-    def __init__(self, visual: SiglipVisionModel, projector: Projector) -> None:
+    def __init__(
+        self, visual: SiglipVisionModel, projector: Projector, norm: torch.nn.Module | None = None
+    ) -> None:
         self.vision = visual.vision_model
         self.projector = projector
         self.merge = visual.vision_model.config.spatial_merge_size
@@ -117,6 +120,10 @@ class PackedEncoder:
         self.rotate = fused_rotary()
         self.mode = attention.mode()  # OCRVL_PLUGIN_VIT_ATTENTION; ValueError for a wrong one
         self.attend = attention.for_mode(self.mode)  # None: vLLM's own MMEncoderAttention
+        # vLLM's input norm: uint8 patches to the model dtype, rescaled and normalised (its
+        # FusedMMInputNorm, with mm_device_do_normalize), or only cast (IdentityInputNorm)
+        weight = self.vision.embeddings.patch_embedding.weight
+        self.norm = (norm or IdentityInputNorm()).to(weight.device)
 
     def __call__(
         self, pixel_values: torch.Tensor | Sequence[torch.Tensor], image_grid_thw: torch.Tensor
@@ -129,7 +136,8 @@ class PackedEncoder:
         else:
             pixels = torch.cat(list(pixel_values))
         cu_seqlens, rows, cols, merged = packing.to_device(weight.device)
-        hidden = self.embed(pixels.to(weight.dtype), packing)
+        flat = self.norm(pixels.reshape(len(pixels), -1), weight.dtype)  # (patches, 3 x 14 x 14)
+        hidden = self.embed(flat.view(pixels.shape), packing)
         hidden = self.encode(hidden, packing, cu_seqlens, rows, cols)
         return torch.split(self.project(hidden, merged), packing.tokens)
 

@@ -36,6 +36,12 @@ What differs from vLLM's forward, and why the numbers stay equal:
    still stays inside each image, only the kernel (and its float rounding) differs.
 8. With tensor parallelism > 1 each layer calls vLLM's own SiglipAttention (which gathers q/k/v
    across ranks) with the packed sequence; only 4 above is then not applied.
+9. Pixels are rescaled and normalised on the device (`supports_mm_device_do_normalize`, on unless
+   `--no-mm-device-do-normalize`): the API server's image processor then skips its rescale and
+   normalise and sends the patches as uint8 (a quarter of float32's bytes to serialise, copy to
+   the engine and on to the GPU), and vLLM's FusedMMInputNorm computes `x * (1/255/std) -
+   mean/std` in fp32 before the patch embedding, as vLLM's Qwen2-VL family does. The same affine
+   map of the same integers as the processor's `(x/255 - mean)/std`, one rounding apart (fp32).
 
 The layer loop in encoder.py restates SiglipEncoderLayer.forward (norm, attention, residual,
 norm, MLP, residual) around the new attention; no other vLLM code is copied.
@@ -48,6 +54,7 @@ from collections.abc import Iterable
 import torch
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
+from vllm.model_executor.layers.fusion.mm_input_norm import build_mm_input_norm
 from vllm.model_executor.models.interfaces import MultiModalEmbeddings
 from vllm.model_executor.models.paddleocr_vl import (
     PaddleOCRImagePixelInputs,
@@ -64,11 +71,17 @@ IN_USE = "PaddleOCR-VL packed vision encoder in use (plugin ocrvl_packed_encoder
 class PackedPaddleOCRVLForConditionalGeneration(PaddleOCRVLForConditionalGeneration):
     """vLLM's PaddleOCR-VL, its images encoded in one packed ViT call per step."""
 
+    supports_mm_device_do_normalize = True  # read by vLLM's registry: 9 above
+
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         # A plain object holding the same modules: no second copy of any parameter
-        self.packed_encoder = PackedEncoder(self.visual, self.mlp_AR)
-        logger.info("%s; ViT attention %s", IN_USE, self.packed_encoder.mode)
+        norm = build_mm_input_norm(vllm_config.model_config)  # identity unless on the device
+        self.packed_encoder = PackedEncoder(self.visual, self.mlp_AR, norm)
+        where = "on the host" if norm.input_dtype is None else "on the device"
+        logger.info(
+            "%s; ViT attention %s; pixels normalised %s", IN_USE, self.packed_encoder.mode, where
+        )
 
     def _process_image_input(self, image_input: PaddleOCRImagePixelInputs) -> MultiModalEmbeddings:
         return self.packed_encoder(image_input.pixel_values, image_input.image_grid_thw)
