@@ -30,14 +30,17 @@ class Standin(LayoutStandin):
     forwarding each request to a real service first when given one."""
 
     forward: str | None = None
+    client: httpx.AsyncClient | None = None  # one pool, unbounded, idle ones closed before the
+    # service's keep-alive (uvicorn's 5 s) ends them mid-request (OCRVL_KEEPALIVE_EXPIRY's rule)
 
     async def _layout(self, body: bytes, send: Any) -> None:
         del self.seen[:]
         if self.forward:
+            self.client = self.client or httpx.AsyncClient(timeout=120.0, trust_env=False,
+                limits=httpx.Limits(max_connections=None, keepalive_expiry=4.0))  # fmt: skip
             headers = {"content-type": "application/json"}
-            async with httpx.AsyncClient(timeout=120.0, trust_env=False) as client:
-                reply = await client.post(f"{self.forward}/v1/layout", content=body,
-                                          headers=headers)  # fmt: skip
+            reply = await self.client.post(f"{self.forward}/v1/layout", content=body,
+                                           headers=headers)  # fmt: skip
             if reply.status_code != 200:
                 await _json(send, reply.status_code, reply.json())
                 return

@@ -24,9 +24,9 @@ host, the corpus, the window rules, the variants and the device calls, each a li
     vit           the vision tower's attention (issue 50 item 3): bench.gpu.encoder_check with
                   the plan's `vit` options, the plugin's modes and vLLM's backends timed and checked
                   on the idle GPU, into RES/vit-attention.json
-    spy           past the windows, py-spy's samples of every process of `up`'s stack under
-                  the plan's `spy.variant` load for `spy.seconds`, and its busiest processes,
-                  threads and frames (`busiest`), into RES/spy-VARIANT.{txt,json}
+    spy           past the windows, py-spy's samples of the `spy.variant` load's processes (`up`'s,
+                  and the layout variant's gateway and stand-in) for `spy.seconds`, and the
+                  busiest processes, threads and frames (`busiest`), into RES/spy-VARIANT.{txt,json}
     alone I       the I-th window of the layout service alone (/v1/layout), its settings'
                   A B B A ... order: each of `alone.services` (a name: its flags) started on
                   its own port at the first (kept for the next calls, as `up`'s stack is); its
@@ -140,13 +140,15 @@ class Pass:
 # pip into the host's /tmp/site032 (env.sh puts it first on PYTHONPATH), offline, no deps
 PIP = ["python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
        "--no-build-isolation", "--target", "/tmp/site032"]  # fmt: skip  # noqa: S108
-PY_SPY = "/tmp/site032/bin/py-spy"  # noqa: S108 (where PIP puts the wheel's binary)
+# py-spy into a folder of its own: pip --target keeps a bin/ it finds (vLLM's install made one)
+PY_SPY = "/tmp/pyspy/bin/py-spy"  # noqa: S108
 
 
 def install(p: Pass) -> None:
     if p.run(["bash", "bench/gpu/host/install.sh"]):
         raise RuntimeError("install failed")
     p.run([*PIP, *map(str, sorted(ROOT.glob(".whl/*.whl")))])
+    p.run([*PIP[:-1], str(Path(PY_SPY).parents[1]), *map(str, ROOT.glob(".whl/py_spy-*.whl"))])
     Path("/tmp/bin").mkdir(exist_ok=True)  # noqa: S108 (serve.sh's VLLM_BIN: the GPU build)
     vllm = Path("/tmp/bin/vllm")  # noqa: S108
     vllm.write_text('#!/bin/sh\nexec python3 -m vllm.entrypoints.cli.main "$@"\n')
@@ -305,8 +307,8 @@ def alone(p: Pass, index: int) -> None:
 
 
 def spy(p: Pass) -> None:
-    """py-spy's samples of every process `make serve` started for `spy.seconds` of the
-    `spy.variant` load once ramped, past the windows (not one): RES/spy-VARIANT.{txt,json}."""
+    """py-spy's samples of the load's processes (`make serve`'s, a layout-first load's gateway
+    and stand-in) for `spy.seconds` of the `spy.variant` load once ramped: RES/spy-VARIANT.*."""
     given, ramp = p.plan["spy"], p.plan["window"]["ramp_s"]
     variant = {v["name"]: v for v in p.plan["variants"]}[given["variant"]]
     seconds, rate, raw = given["seconds"], given["rate"], p.res / f"spy-{given['variant']}.txt"
@@ -318,13 +320,17 @@ def spy(p: Pass) -> None:
     command = load(p, f"{raw.stem}-load", url, cap, variant["concurrency"], "--api", "ocr",
                    "--layout", variant["layout"], "--window", str(cap), "--latencies", "1e9"
                    )  # fmt: skip
+    names = ["serve", *(["layout-gateway", "standin"] if variant["layout"] == "on" else [])]
+    parts = [WORK / f"spy.{(WORK / f'{name}.pid').read_text().strip()}" for name in names]
     with subprocess.Popen(command, cwd=ROOT):
         time.sleep(ramp + 10)  # the harness's pace: the load's clients all started, and busy
-        p.run([shutil.which("py-spy") or PY_SPY, "record", "--nonblocking",
-               "--subprocesses", "--threads", "--format", "raw", "--rate", str(rate),
-               "--duration", str(seconds), "--pid", (WORK / "serve.pid").read_text().strip(),
-               "--output", str(raw)])  # fmt: skip
-    if raw.exists():  # else py-spy failed, and its output says why
+        for spy_ in [subprocess.Popen([shutil.which("py-spy") or PY_SPY, "record", "--nonblocking",
+                     "--subprocesses", "--threads", "--format", "raw", "--rate", str(rate),
+                     "--duration", str(seconds), "--pid", part.suffix[1:], "--output", str(part)])
+                     for part in parts]:  # fmt: skip
+            spy_.wait()
+    if written := [part for part in parts if part.exists()]:  # else py-spy said why it failed
+        raw.write_text("".join(part.read_text(errors="replace") for part in written))
         found = busiest(raw.read_text(errors="replace"), rate * seconds)
         raw.with_suffix(".json").write_text(json.dumps(found, indent=1) + "\n")
         for row in found:
@@ -366,9 +372,7 @@ def down(p: Pass) -> None:
             except ProcessLookupError:
                 break
             for _ in range(20):
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
+                if not Path(f"/proc/{pid}").exists():  # the group's leader is gone
                     break
                 time.sleep(1)
         pid_file.unlink()
@@ -394,8 +398,7 @@ def stages(p: Pass, words: list[str]) -> int:
         print(f"=== {word} {time.strftime('%H:%M:%S', time.gmtime())}", flush=True)
         try:
             if word == "receive":
-                part = words.pop(0)
-                p.run(["bash", "bench/gpu/host/receive.sh", ".gpu-wheels-032s", part])
+                p.run(["bash", "bench/gpu/host/receive.sh", ".gpu-wheels-032s", words.pop(0)])
             elif word in ("window", "alone"):
                 (window if word == "window" else alone)(p, int(words.pop(0)))
             else:
