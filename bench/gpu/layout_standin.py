@@ -6,10 +6,9 @@ A stand-in, not the layout service: tests/support/layout_standin.py's ASGI app (
 API, every request checked against it) served by uvicorn, answering `bench.gpu.corpus.boxes` for
 each image at the size it was sent, so `/v1/ocr` with layout on reads each page's blocks
 whatever the layout model's weights are (a random-weight checkpoint finds no box on a page).
-With `--forward`, each request is first sent as it came to the real service at that URL and
-answered only once that one has answered 200 (its status and body otherwise): the real model's
-work, batching and GPU time are in the path (issue 50: the real service's cost, the stand-in's
-boxes).
+With `--forward`, each request is first sent as it came to the real service at that URL (one
+pool of connections) and answered only once that one has answered 200 (its status and body
+otherwise): the real model's work, batching and GPU time are in the path (issue 50).
 """
 
 from __future__ import annotations
@@ -26,18 +25,17 @@ from tests.support.layout_standin import LayoutStandin, _json
 
 
 class Standin(LayoutStandin):
-    """The test stand-in, forgetting what it saw (a window would keep every request), and
-    forwarding each request to a real service first when given one."""
+    """The test stand-in, forgetting what it saw (a window would keep all), forwarding first."""
 
     forward: str | None = None
-    client: httpx.AsyncClient | None = None  # one pool, unbounded, idle ones closed before the
-    # service's keep-alive (uvicorn's 5 s) ends them mid-request (OCRVL_KEEPALIVE_EXPIRY's rule)
+    client: httpx.AsyncClient  # app()'s one pool, closed at the server's shutdown
+
+    async def close(self) -> None:
+        await self.client.aclose()
 
     async def _layout(self, body: bytes, send: Any) -> None:
         del self.seen[:]
         if self.forward:
-            self.client = self.client or httpx.AsyncClient(timeout=120.0, trust_env=False,
-                limits=httpx.Limits(max_connections=None, keepalive_expiry=4.0))  # fmt: skip
             headers = {"content-type": "application/json"}
             reply = await self.client.post(f"{self.forward}/v1/layout", content=body,
                                            headers=headers)  # fmt: skip
@@ -50,7 +48,9 @@ class Standin(LayoutStandin):
 def app(forward: str | None = None) -> LayoutStandin:
     """The stand-in answering the corpus's boxes."""
     standin = Standin(boxes=lambda width, height, _number: corpus.boxes(width, height))
-    standin.forward = forward
+    standin.forward = forward  # unbounded; idle connections closed before uvicorn's 5 s do
+    standin.client = httpx.AsyncClient(timeout=120.0, trust_env=False, limits=httpx.Limits(
+        max_connections=None, keepalive_expiry=4.0))  # fmt: skip
     return standin
 
 

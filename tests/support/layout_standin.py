@@ -36,8 +36,6 @@ import orjson
 from PIL import Image
 from starlette.types import Receive, Scope, Send
 
-from tests.support.servers import empty_lifespan
-
 OVERRIDES = {
     "threshold": (float, int, dict),
     "layout_nms": (bool,),
@@ -104,9 +102,15 @@ class LayoutStandin:
     release: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    async def close(self) -> None:
+        """What a subclass holds, released at the server's shutdown (nothing here)."""
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await empty_lifespan(receive, send)
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await self.close()
+            await send({"type": "lifespan.shutdown.complete"})
             return
         path, method = scope["path"], scope["method"]
         if path == "/health":
