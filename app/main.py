@@ -180,7 +180,7 @@ async def open_gateway(
     stack.push_async_callback(asyncio.to_thread, documents.close)
     media = MediaPolicy(settings)
     stack.push_async_callback(media.aclose)
-    layouts = await open_layouts(settings, stack)
+    layouts = await open_layouts(settings, stack, metrics.layout_stages)
     results = await open_results(settings)
     if results is not None:
         log.info("the results cache is kept in %s", results.where)

@@ -49,6 +49,16 @@ class Metrics:
             buckets=OVERHEAD_BUCKETS,
             registry=self.registry,
         )
+        self.layout_stages = Histogram(
+            "ocrvl_layout_stage_seconds",
+            "Seconds a page spent in each stage of the layout pipeline, by stage: render (its "
+            "image for the layout service), layout (the service's answer, its queue and batch "
+            "included), cut (its blocks cut and encoded), blocks (its blocks read, all at "
+            "once), assemble (its markdown and blocks); a stage that failed is not counted.",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.in_flight = Gauge(
             "ocrvl_requests_in_flight", "Requests being handled now.", registry=self.registry
         )

@@ -24,6 +24,7 @@ import asyncio
 import itertools
 import logging
 import math
+import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,8 @@ from app.documents.layout_options import LayoutOptions
 from app.errors import InvalidRequest, LayoutUnavailable, UpstreamError, clip
 
 if TYPE_CHECKING:
+    from prometheus_client import Histogram
+
     from app.settings import Settings
 
 log = logging.getLogger("ocrvl.layout")
@@ -63,13 +66,25 @@ class LayoutService:
     """The configured layout services, probed in the background, balanced per page."""
 
     def __init__(
-        self, urls: list[str], client: httpx.AsyncClient, *, timeout: float, interval: float
+        self,
+        urls: list[str],
+        client: httpx.AsyncClient,
+        *,
+        timeout: float,
+        interval: float,
+        stages: Histogram | None = None,
     ) -> None:
         self.endpoints = [Endpoint(url.rstrip("/")) for url in urls]
         self.timeout = timeout
         self.interval = interval
+        self.stages = stages  # ocrvl_layout_stage_seconds, for the pipeline's pages (`took`)
         self._client = client
         self._turn = itertools.count()
+
+    def took(self, stage: str, began: float) -> None:
+        """A page's `stage` of the layout pipeline ran from `began` (time.monotonic) to now."""
+        if self.stages is not None:
+            self.stages.labels(stage).observe(time.monotonic() - began)
 
     def ready(self) -> bool:
         """Whether any service answered its last probe."""
@@ -300,9 +315,11 @@ def choose(
     return None, f"{why}: each page was read whole"
 
 
-async def open_layouts(settings: Settings, stack: AsyncExitStack) -> LayoutService | None:
+async def open_layouts(
+    settings: Settings, stack: AsyncExitStack, stages: Histogram | None = None
+) -> LayoutService | None:
     """The layout services of OCRVL_LAYOUT_URL (None when unset), probed once and then every
-    OCRVL_HEALTH_INTERVAL seconds until `stack` closes."""
+    OCRVL_HEALTH_INTERVAL seconds until `stack` closes; `stages` times its pipeline's pages."""
     if not settings.layout_url:
         return None
     client = httpx.AsyncClient(
@@ -318,7 +335,7 @@ async def open_layouts(settings: Settings, stack: AsyncExitStack) -> LayoutServi
     await stack.enter_async_context(client)
     service = LayoutService(
         settings.layout_url, client, timeout=settings.layout_timeout,
-        interval=settings.health_interval,
+        interval=settings.health_interval, stages=stages,
     )  # fmt: skip
     await service.probe_all()
     if not service.ready():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,10 +67,14 @@ async def parse_page(
         request_id = f"{parent.request_id}-p{number}"
         page, found, plan = await _planned(job, index, tools, held, request_id)
         boxes = found.boxes
+        began = time.monotonic()
         replies, first_error = await _read_blocks(job, number, plan, tools, (parent, receive))
+        tools.layouts.took("blocks", began)
+        began = time.monotonic()
         parsed: markdown.Parsed = await tools.preprocessor.run(
             markdown.assemble, plan, replies, job.layout
         )
+        tools.layouts.took("assemble", began)
     except DocumentError as exc:
         return PageResult(number, error=exc.as_gateway_error())
     except tools.transient:
@@ -100,6 +105,7 @@ async def _planned(
     assert job.layout is not None  # noqa: S101 (the caller's choice of pipeline)
     run, lossless = tools.preprocessor.run, job.layout.preprocessing
     mine = held.take() if held is not None else Held()
+    began = time.monotonic()
     try:
         if mine.pixels is None:
             page, mine = await tools.preprocessor.keeping(
@@ -109,13 +115,18 @@ async def _planned(
             page = LayoutPage(mine.url, mine.pixels.width, mine.pixels.height)
         else:
             page = await run(crops.layout_page_of, job.source, index, mine.pixels, lossless)
+        tools.layouts.took("render", began)
+        began = time.monotonic()
         found = await tools.layouts.locate(
             page.url, (page.width, page.height), job.layout, request_id
         )
+        tools.layouts.took("layout", began)
+        began = time.monotonic()
         plan = await run(
             crops.prepare, job.source, index, found.boxes, job.layout,
             found.image or mine.pixels,  # a page the service corrected is cut from its own
         )  # fmt: skip
+        tools.layouts.took("cut", began)
     finally:
         mine.close()
     return page, found, plan

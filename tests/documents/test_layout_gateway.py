@@ -25,6 +25,7 @@ from tests.conftest import CLIENT_KEY, settings_for
 from tests.jobs.test_api import until_ended
 from tests.support.fake_backend import FakeVLLM, completion, reply
 from tests.support.layout_standin import LayoutStandin, box
+from tests.support.prometheus import metric
 from tests.support.servers import lifespan_client, read_body, serving
 
 pytestmark = pytest.mark.anyio
@@ -547,3 +548,26 @@ async def test_orientation_turns_the_page_before_its_blocks_are_cut() -> None:
     assert page["blocks"]
     assert off.status_code == 400
     assert off.json()["error"]["param"] == "orientation"
+
+
+async def test_metrics_time_each_layout_stage_of_a_page() -> None:
+    """/metrics counts each stage of the layout pipeline once for a page (render, layout, cut,
+    blocks, assemble); the `layout` stage lasts at least as long as the service held the page
+    (released here 0.3 s after it arrived: a lower bound, not a race)."""
+    with services(mode="hold") as (fake, layout):
+        async with gateway(fake, layout) as client:
+            async with anyio.create_task_group() as group:
+                answers: list[httpx.Response] = []
+
+                async def post() -> None:
+                    answers.append(await client.post("/v1/ocr", files=upload()))
+
+                group.start_soon(post)
+                await anyio.to_thread.run_sync(layout.arrived.wait)
+                await anyio.sleep(0.3)
+                layout.release.set()
+            exposition = (await client.get("/metrics")).text
+    assert answers[0].status_code == 200, answers[0].text
+    for stage in ("render", "layout", "cut", "blocks", "assemble"):
+        assert metric(exposition, "ocrvl_layout_stage_seconds_count", stage=stage) == 1
+    assert metric(exposition, "ocrvl_layout_stage_seconds_sum", stage="layout") >= 0.3
