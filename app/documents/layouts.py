@@ -21,10 +21,12 @@ on this deployment (a 400 naming it, never a 5xx).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
 import time
+from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -77,12 +79,16 @@ class LayoutService:
         self.endpoints = [Endpoint(url.rstrip("/")) for url in urls]
         self.timeout = timeout
         self.interval = interval
-        self.stages = stages  # ocrvl_layout_stage_seconds, for the pipeline's pages (`took`)
+        self.stages = stages  # ocrvl_layout_stage_seconds, for the pipeline's pages (`timed`)
         self._client = client
         self._turn = itertools.count()
 
-    def took(self, stage: str, began: float) -> None:
-        """A page's `stage` of the layout pipeline ran from `began` (time.monotonic) to now."""
+    @contextlib.contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        """Time a page's `stage` of the layout pipeline (its body); a stage that raised is not
+        counted."""
+        began = time.monotonic()
+        yield
         if self.stages is not None:
             self.stages.labels(stage).observe(time.monotonic() - began)
 

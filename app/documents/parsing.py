@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,14 +66,12 @@ async def parse_page(
         request_id = f"{parent.request_id}-p{number}"
         page, found, plan = await _planned(job, index, tools, held, request_id)
         boxes = found.boxes
-        began = time.monotonic()
-        replies, first_error = await _read_blocks(job, number, plan, tools, (parent, receive))
-        tools.layouts.took("blocks", began)
-        began = time.monotonic()
-        parsed: markdown.Parsed = await tools.preprocessor.run(
-            markdown.assemble, plan, replies, job.layout
-        )
-        tools.layouts.took("assemble", began)
+        with tools.layouts.timed("blocks"):
+            replies, first_error = await _read_blocks(job, number, plan, tools, (parent, receive))
+        with tools.layouts.timed("assemble"):
+            parsed: markdown.Parsed = await tools.preprocessor.run(
+                markdown.assemble, plan, replies, job.layout
+            )
     except DocumentError as exc:
         return PageResult(number, error=exc.as_gateway_error())
     except tools.transient:
@@ -105,28 +102,25 @@ async def _planned(
     assert job.layout is not None  # noqa: S101 (the caller's choice of pipeline)
     run, lossless = tools.preprocessor.run, job.layout.preprocessing
     mine = held.take() if held is not None else Held()
-    began = time.monotonic()
     try:
-        if mine.pixels is None:
-            page, mine = await tools.preprocessor.keeping(
-                crops.layout_page, job.source, index, lossless
+        with tools.layouts.timed("render"):
+            if mine.pixels is None:
+                page, mine = await tools.preprocessor.keeping(
+                    crops.layout_page, job.source, index, lossless
+                )
+            elif mine.url is not None and not lossless:  # the hash's JPEG is the layout page's
+                page = LayoutPage(mine.url, mine.pixels.width, mine.pixels.height)
+            else:
+                page = await run(crops.layout_page_of, job.source, index, mine.pixels, lossless)
+        with tools.layouts.timed("layout"):
+            found = await tools.layouts.locate(
+                page.url, (page.width, page.height), job.layout, request_id
             )
-        elif mine.url is not None and not lossless:  # the hash's JPEG is the layout page's
-            page = LayoutPage(mine.url, mine.pixels.width, mine.pixels.height)
-        else:
-            page = await run(crops.layout_page_of, job.source, index, mine.pixels, lossless)
-        tools.layouts.took("render", began)
-        began = time.monotonic()
-        found = await tools.layouts.locate(
-            page.url, (page.width, page.height), job.layout, request_id
-        )
-        tools.layouts.took("layout", began)
-        began = time.monotonic()
-        plan = await run(
-            crops.prepare, job.source, index, found.boxes, job.layout,
-            found.image or mine.pixels,  # a page the service corrected is cut from its own
-        )  # fmt: skip
-        tools.layouts.took("cut", began)
+        with tools.layouts.timed("cut"):
+            plan = await run(
+                crops.prepare, job.source, index, found.boxes, job.layout,
+                found.image or mine.pixels,  # a page the service corrected is cut from its own
+            )  # fmt: skip
     finally:
         mine.close()
     return page, found, plan

@@ -36,6 +36,8 @@ import orjson
 from PIL import Image
 from starlette.types import Receive, Scope, Send
 
+from tests.support.servers import empty_lifespan
+
 OVERRIDES = {
     "threshold": (float, int, dict),
     "layout_nms": (bool,),
@@ -107,10 +109,7 @@ class LayoutStandin:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await self.close()
-            await send({"type": "lifespan.shutdown.complete"})
+            await empty_lifespan(receive, send, self.close)
             return
         path, method = scope["path"], scope["method"]
         if path == "/health":

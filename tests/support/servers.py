@@ -10,7 +10,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,10 +19,15 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
-async def empty_lifespan(receive: Receive, send: Send) -> None:
-    """Answer the lifespan protocol for an app that has nothing to start or stop."""
+async def empty_lifespan(
+    receive: Receive, send: Send, stopping: Callable[[], Awaitable[None]] | None = None
+) -> None:
+    """Answer the lifespan protocol for an app that has nothing to start, and nothing to stop
+    but `stopping` (awaited before the shutdown completes)."""
     while (await receive())["type"] != "lifespan.shutdown":
         await send({"type": "lifespan.startup.complete"})
+    if stopping is not None:
+        await stopping()
     await send({"type": "lifespan.shutdown.complete"})
 
 

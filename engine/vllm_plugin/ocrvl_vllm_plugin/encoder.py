@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
-from vllm.model_executor.layers.fusion.mm_input_norm import IdentityInputNorm
 from vllm.model_executor.models.paddleocr_vl import (
     Projector,
     SiglipAttention,
@@ -111,7 +110,7 @@ class PackedEncoder:
     """Runs `visual` and `projector` over a whole batch of images at once."""
 
     def __init__(
-        self, visual: SiglipVisionModel, projector: Projector, norm: torch.nn.Module | None = None
+        self, visual: SiglipVisionModel, projector: Projector, norm: torch.nn.Module
     ) -> None:
         self.vision = visual.vision_model
         self.projector = projector
@@ -120,10 +119,9 @@ class PackedEncoder:
         self.rotate = fused_rotary()
         self.mode = attention.mode()  # OCRVL_PLUGIN_VIT_ATTENTION; ValueError for a wrong one
         self.attend = attention.for_mode(self.mode)  # None: vLLM's own MMEncoderAttention
-        # vLLM's input norm: uint8 patches to the model dtype, rescaled and normalised (its
-        # FusedMMInputNorm, with mm_device_do_normalize), or only cast (IdentityInputNorm)
-        weight = self.vision.embeddings.patch_embedding.weight
-        self.norm = (norm or IdentityInputNorm()).to(weight.device)
+        # vLLM's input norm (build_mm_input_norm): uint8 patches to the model dtype, rescaled
+        # and normalised (FusedMMInputNorm, with mm_device_do_normalize), or only cast
+        self.norm = norm.to(self.vision.embeddings.patch_embedding.weight.device)
 
     def __call__(
         self, pixel_values: torch.Tensor | Sequence[torch.Tensor], image_grid_thw: torch.Tensor
