@@ -251,13 +251,14 @@ def load(p: Pass, name: str, url: str, cap: int, concurrency: int, *options: str
 
 
 def window(p: Pass, index: int) -> None:
-    """The I-th window, the gateway's and engines' /metrics around it (bench.gpu.reads): a
-    RuntimeError, which ends the call, when the engines did not read its pages."""
+    """The I-th window, the /metrics of the gateway, engines and layout service around it
+    (bench.gpu.reads): a RuntimeError, which ends the call, when the engines did not read it."""
     variants = {v["name"]: v for v in p.plan["variants"]}
     turns = method.order(list(variants), p.plan["windows"])
     variant = variants[turns[index]]
     url = p.url("gateway" if variant["layout"] == "off" else "layout_gateway")
-    name, engines = f"{index:02d}-{variant['name']}", reads.engines(served_backends())
+    name, engines = f"{index:02d}-{variant['name']}", [*reads.engines(served_backends()),
+                                                        p.url("layout")]
     cap = room(p, name)
     if cap is None:
         return
