@@ -257,8 +257,8 @@ def window(p: Pass, index: int) -> None:
     turns = method.order(list(variants), p.plan["windows"])
     variant = variants[turns[index]]
     url = p.url("gateway" if variant["layout"] == "off" else "layout_gateway")
-    name, engines = f"{index:02d}-{variant['name']}", [*reads.engines(served_backends()),
-                                                        p.url("layout")]
+    name = f"{index:02d}-{variant['name']}"
+    engines = [*reads.engines(served_backends()), p.url("layout")]  # its /metrics, uncounted
     cap = room(p, name)
     if cap is None:
         return
