@@ -23,9 +23,9 @@ def engines(backends: str) -> list[str]:
             for entry in backends.split(",") if entry.strip()]  # fmt: skip
 
 
-def fetch(url: str) -> str:
-    """GET `url` on loopback (a /metrics: the gateway's, an engine's, the layout service's)."""
-    with urllib.request.urlopen(url, timeout=30) as reply:  # noqa: S310 (loopback)
+def fetch(url: str, method: str = "GET") -> str:
+    """`url` on loopback (a /metrics: the gateway's, an engine's, the layout service's)."""
+    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=300) as reply:  # noqa: S310 (loopback)
         return str(reply.read().decode())
 
 

@@ -97,14 +97,9 @@ class Pass:
         WORK/NAME.pid, its output in WORK/NAME.log."""
         WORK.mkdir(parents=True, exist_ok=True)
         with (WORK / f"{name}.log").open("wb") as log:
-            process = subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env=os.environ | env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            process = subprocess.Popen(command, cwd=ROOT, env=os.environ | env, stdout=log,
+                                       stderr=subprocess.STDOUT,
+                                       start_new_session=True)  # fmt: skip
         (WORK / f"{name}.pid").write_text(str(process.pid))
         print(f"up: {name} (pid {process.pid})", flush=True)
 
@@ -151,7 +146,8 @@ def install(p: Pass) -> None:
     p.run([*PIP[:-1], str(Path(PY_SPY).parents[1]), *map(str, ROOT.glob(".whl/py_spy-*.whl"))])
     Path("/tmp/bin").mkdir(exist_ok=True)  # noqa: S108 (serve.sh's VLLM_BIN: the GPU build)
     vllm = Path("/tmp/bin/vllm")  # noqa: S108
-    vllm.write_text('#!/bin/sh\nexec python3 -m vllm.entrypoints.cli.main "$@"\n')
+    vllm.write_text('#!/bin/sh\nset -f\nexec python3 -m vllm.entrypoints.cli.main "$@" '
+                    '${BENCH_VLLM_ARGS:-}\n')  # fmt: skip
     vllm.chmod(0o755)
 
 
@@ -309,7 +305,8 @@ def alone(p: Pass, index: int) -> None:
 
 def spy(p: Pass) -> None:
     """py-spy's samples of the load's processes (`make serve`'s, a layout-first load's gateway
-    and stand-in) for `spy.seconds` of the `spy.variant` load once ramped: RES/spy-VARIANT.*."""
+    and stand-in) for `spy.seconds` of the `spy.variant` load once ramped: RES/spy-VARIANT.*;
+    with `--profiler-config` in serve_env's BENCH_VLLM_ARGS, vLLM's torch profiler's tables."""
     given, ramp = p.plan["spy"], p.plan["window"]["ramp_s"]
     variant = {v["name"]: v for v in p.plan["variants"]}[given["variant"]]
     seconds, rate, raw = given["seconds"], given["rate"], p.res / f"spy-{given['variant']}.txt"
@@ -323,13 +320,21 @@ def spy(p: Pass) -> None:
                    )  # fmt: skip
     names = ["serve", *(["layout-gateway", "standin"] if variant["layout"] == "on" else [])]
     parts = [WORK / f"spy.{(WORK / f'{name}.pid').read_text().strip()}" for name in names]
+    profiler = re.search(r'"torch_profiler_dir":"([^"]+)"', str(p.host.get("serve_env")))
+    engines = reads.engines(served_backends()) if profiler else []
     with subprocess.Popen(command, cwd=ROOT):
         time.sleep(ramp + 10)  # the harness's pace: the load's clients all started, and busy
+        for url in engines:  # it stops itself after its max_iterations, writing its table
+            reads.fetch(url + "/start_profile", "POST")
         for spy_ in [subprocess.Popen([shutil.which("py-spy") or PY_SPY, "record", "--nonblocking",
                      "--subprocesses", "--threads", "--format", "raw", "--rate", str(rate),
                      "--duration", str(seconds), "--pid", part.suffix[1:], "--output", str(part)])
                      for part in parts]:  # fmt: skip
             spy_.wait()
+        for url in engines:  # answered once a table being written is
+            reads.fetch(url + "/stop_profile", "POST")
+    for table in Path(profiler[1]).glob("*.txt") if profiler else []:
+        shutil.copy(table, p.res / f"profile-{table.name}")
     if written := [part for part in parts if part.exists()]:  # else py-spy said why it failed
         raw.write_text("".join(part.read_text(errors="replace") for part in written))
         found = busiest(raw.read_text(errors="replace"), rate * seconds)
