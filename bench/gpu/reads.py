@@ -23,9 +23,11 @@ def engines(backends: str) -> list[str]:
             for entry in backends.split(",") if entry.strip()]  # fmt: skip
 
 
-def fetch(url: str, method: str = "GET") -> str:
-    """`url` on loopback (a /metrics: the gateway's, an engine's, the layout service's)."""
-    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=300) as reply:  # noqa: S310 (loopback)
+def fetch(url: str, body: bytes | None = None) -> str:
+    """`url` on loopback (a /metrics: the gateway's, an engine's, the layout service's), POST
+    with a JSON `body` (vLLM's /start_profile and /stop_profile)."""
+    request = urllib.request.Request(url, body, {"content-type": "application/json"})  # noqa: S310
+    with urllib.request.urlopen(request, timeout=300) as reply:  # noqa: S310 (loopback)
         return str(reply.read().decode())
 
 

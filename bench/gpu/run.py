@@ -325,14 +325,15 @@ def spy(p: Pass) -> None:
     with subprocess.Popen(command, cwd=ROOT):
         time.sleep(ramp + 10)  # the harness's pace: the load's clients all started, and busy
         for url in engines:  # it stops itself after its max_iterations, writing its table
-            reads.fetch(url + "/start_profile", "POST")
+            name = {"profile_prefix": "engine-" + url.rpartition(":")[2]}  # one table an engine
+            reads.fetch(url + "/start_profile", json.dumps(name).encode())
         for spy_ in [subprocess.Popen([shutil.which("py-spy") or PY_SPY, "record", "--nonblocking",
                      "--subprocesses", "--threads", "--format", "raw", "--rate", str(rate),
                      "--duration", str(seconds), "--pid", part.suffix[1:], "--output", str(part)])
                      for part in parts]:  # fmt: skip
             spy_.wait()
         for url in engines:  # answered once a table being written is
-            reads.fetch(url + "/stop_profile", "POST")
+            reads.fetch(url + "/stop_profile", b"{}")
     for table in Path(profiler[1]).glob("*.txt") if profiler else []:
         shutil.copy(table, p.res / f"profile-{table.name}")
     if written := [part for part in parts if part.exists()]:  # else py-spy said why it failed
