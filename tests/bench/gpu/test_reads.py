@@ -6,6 +6,8 @@ cache's). And the counting rules on given numbers."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -86,3 +88,43 @@ def test_the_rules_count_aborts_apart_and_want_a_request_per_page(tmp_path: Path
     found = reads.check(before, after, answered(tmp_path, 11))
     assert found["fault"] == "the engines finished 10 requests for 11 pages answered 200"
     assert reads.engines("http://a:1;capacity=8,http://b:2/v1") == ["http://a:1", "http://b:2"]
+
+
+def test_fetch_gets_a_metrics_page_and_posts_a_json_body_as_vllms_profiler_wants() -> None:
+    """`fetch` GETs without a body and POSTs with one, typed JSON (vLLM's /start_profile reads
+    its `profile_prefix` from it), returning what the server answered; a stand-in server on
+    loopback records what arrived."""
+    seen: list[tuple[str, str, str | None, bytes]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            seen.append((self.command, self.path, self.headers.get("content-type"), body))
+            self.send_response(200)
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert reads.fetch(url + "/metrics") == "ok"
+        assert reads.fetch(url + "/start_profile", b'{"profile_prefix": "engine-8118"}') == "ok"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen[0][:2] == ("GET", "/metrics")
+    assert seen[0][3] == b""
+    assert seen[1] == (
+        "POST",
+        "/start_profile",
+        "application/json",
+        b'{"profile_prefix": "engine-8118"}',
+    )
