@@ -31,9 +31,9 @@ def fetch(url: str, body: bytes | None = None) -> str:
         return str(reply.read().decode())
 
 
-def snapshot(gateway: str, engine_urls: list[str]) -> dict[str, Any]:
-    """The gateway's and each engine's `/metrics` text now (neither needs a key)."""
-    return {"gateway": fetch(gateway + "/metrics"),
+def snapshot(gateway: str, engine_urls: list[str], layout: str = "") -> dict[str, Any]:
+    """The `/metrics` text now of the gateway, each engine and the layout service (if given)."""
+    return {"gateway": fetch(gateway + "/metrics"), "layout": layout and fetch(layout + "/metrics"),
             "engines": {url: fetch(url + "/metrics") for url in engine_urls}}  # fmt: skip
 
 

@@ -253,15 +253,14 @@ def window(p: Pass, index: int) -> None:
     turns = method.order(list(variants), p.plan["windows"])
     variant = variants[turns[index]]
     url = p.url("gateway" if variant["layout"] == "off" else "layout_gateway")
-    name = f"{index:02d}-{variant['name']}"
-    engines = [*reads.engines(served_backends()), p.url("layout")]  # its /metrics, uncounted
+    name, engines = f"{index:02d}-{variant['name']}", reads.engines(served_backends())
     cap = room(p, name)
     if cap is None:
         return
-    before = reads.snapshot(url, engines)
+    before = reads.snapshot(url, engines, p.url("layout"))
     p.run(load(p, name, url, cap, variant["concurrency"], "--api", "ocr", "--layout",
                variant["layout"]))  # fmt: skip
-    after = reads.snapshot(url, engines)
+    after = reads.snapshot(url, engines, p.url("layout"))
     (p.res / f"{name}.metrics.json").write_text(json.dumps({"before": before, "after": after}))
     found = reads.check(before, after, p.res / f"{name}.requests.csv")
     report = p.res / f"{name}.json"  # the report reads them beside the window's figures
@@ -320,7 +319,8 @@ def spy(p: Pass) -> None:
                    )  # fmt: skip
     names = ["serve", *(["layout-gateway", "standin"] if variant["layout"] == "on" else [])]
     parts = [WORK / f"spy.{(WORK / f'{name}.pid').read_text().strip()}" for name in names]
-    profiler = re.search(r'"torch_profiler_dir":"([^"]+)"', str(p.host.get("serve_env")))
+    args = p.host.get("serve_env", {}).get("BENCH_VLLM_ARGS", "")  # the engines' extra flags
+    profiler = re.search(r'"torch_profiler_dir": *"([^"]+)"', args)
     engines = reads.engines(served_backends()) if profiler else []
     with subprocess.Popen(command, cwd=ROOT):
         time.sleep(ramp + 10)  # the harness's pace: the load's clients all started, and busy
