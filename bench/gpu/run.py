@@ -42,6 +42,7 @@ short returns what it measured; a window that cannot end before the call's `limi
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
@@ -129,7 +130,10 @@ class Pass:
         with tarfile.open(self.out / f"{self.plan['stem']}-raw.tar.gz", "w:gz") as tar:
             tar.add(self.res, arcname=self.plan["stem"])
             for log in sorted(WORK.glob("*.log")) + sorted(WORK.glob("serve-logs/*.log")):
-                tar.add(log, arcname=f"logs/{log.name}")
+                data = log.read_bytes()  # a snapshot: a log cut short by a restart mid-tar
+                info = tar.gettarinfo(log, arcname=f"logs/{log.name}")  # raised OSError
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
 
 
 # pip into the host's /tmp/site032 (env.sh puts it first on PYTHONPATH), offline, no deps
@@ -184,10 +188,11 @@ def floor(p: Pass) -> None:
 
 def vit(p: Pass) -> None:
     """The ViT attention modes and backends (bench.gpu.encoder_check), GPU idle; a batch out of
-    bounds is in the JSON and the log, and the stages go on."""
-    options = p.plan.get("vit", [])
-    p.run([p.host["engine_python"], "-m", "bench.gpu.encoder_check", *options,
-           "--out", str(p.res / "vit-attention.json")])  # fmt: skip
+    bounds is in the JSON and the log, and the stages go on. With OCRVL_PLUGIN_FUSED_ROTARY=1 in
+    the call's environment the plugin's class has its fused rotary, its JSON a name of its own."""
+    fused = "-fused-rotary" if os.environ.get("OCRVL_PLUGIN_FUSED_ROTARY") == "1" else ""
+    p.run([p.host["engine_python"], "-m", "bench.gpu.encoder_check", *p.plan.get("vit", []),
+           "--out", str(p.res / f"vit-attention{fused}.json")])  # fmt: skip
 
 
 def up(p: Pass) -> None:

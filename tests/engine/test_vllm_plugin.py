@@ -207,56 +207,58 @@ def test_position_tables_are_cached_per_grid_and_dropped_oldest_first(
     assert packed.packed_encoder.positions.tables == {}
 
 
-def test_the_fused_rotary_path_rotates_q_and_k_inside_the_packed_qkv(
-    models: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On CUDA flash-attn's kernel rotates the q/k view of the qkv projection in place. A CPU
-    stand-in with that kernel's contract (vLLM's own fp32 rotary, written into the view) gives
-    vLLM's embeddings: the view is the buffer attention reads."""
-    stock, packed = models
+def fake_rotary(calls: list[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype) -> Any:
+    """A stand-in for the plugin's Triton rotary (`ocrvl_vllm_plugin.rotary.rotate_`), a fake:
+    it asserts the launcher's contract (x the strided q/k view in the model's dtype, cos/sin fp32
+    and contiguous), records the cos/sin it was given, and writes vLLM's own fp32 rotary into the
+    view, in place, as the kernel computes it."""
 
-    def in_place(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, **kwargs: Any) -> None:
-        assert kwargs == {"interleaved": False, "inplace": True}
-        x.copy_(ApplyRotaryEmb.forward_static(x, cos, sin, True, True))
-
-    monkeypatch.setattr(packed.packed_encoder, "rotate", in_place)
-    grids = [(1, 24, 24), (1, 8, 12), (1, 2, 2)]
-    hidden = stock.config.text_config.hidden_size
-    assert_same(embeddings(packed, grids), embeddings(stock, grids), grids, hidden)
-
-
-def fake_triton_rotary(calls: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-    """A stand-in for flash-attn's Triton rotary (`vllm_flash_attn.layers.rotary`), a fake: it
-    asserts what the real kernel asserts (`x.dtype == cos.dtype`, rotary.py:177), records the
-    cos/sin it was given, and rotates in place with fp32 math as the kernel does."""
-
-    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, **kwargs: Any) -> None:
-        assert kwargs == {"interleaved": False, "inplace": True}
-        assert x.dtype == cos.dtype == sin.dtype, f"x {x.dtype}, cos {cos.dtype}, sin {sin.dtype}"
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        assert x.dtype == dtype
+        assert not x.is_contiguous()  # the q/k view inside qkv, not a copy
+        assert x.stride(-1) == 1
+        assert cos.dtype == sin.dtype == torch.float32, f"cos {cos.dtype}, sin {sin.dtype}"
+        assert cos.is_contiguous()
+        assert sin.is_contiguous()
+        assert tuple(cos.shape) == tuple(sin.shape) == (x.shape[1], x.shape[-1] // 2)
         calls.append((cos, sin))
-        x.copy_(ApplyRotaryEmb.forward_static(x.float(), cos.float(), sin.float(), True, False))
+        x.copy_(ApplyRotaryEmb.forward_static(x, cos, sin, True, True))
 
     return rotate
 
 
-def test_the_fused_rotary_gets_cos_and_sin_in_bf16_q_and_k_s_dtype_once_per_call(
+def test_an_in_place_rotary_of_the_q_k_view_gives_vllms_embeddings(
+    models: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The opt-in kernel's path (OCRVL_PLUGIN_FUSED_ROTARY=1) rotates the q/k view of the qkv
+    projection in place: with vLLM's own fp32 rotary written into the view the embeddings are
+    vLLM's, so the view is the buffer attention reads."""
+    stock, packed = models
+    calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+    monkeypatch.setattr(packed.packed_encoder, "rotate", fake_rotary(calls, torch.float32))
+    grids = [(1, 24, 24), (1, 8, 12), (1, 2, 2)]
+    hidden = stock.config.text_config.hidden_size
+    assert_same(embeddings(packed, grids), embeddings(stock, grids), grids, hidden)
+    assert len(calls) == packed.config.vision_config.num_hidden_layers
+
+
+def test_an_in_place_fp32_rotary_in_bf16_equals_vllms_class_bit_for_bit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """In bfloat16 (as served), the packed call hands the fused kernel cos/sin in q/k's dtype
-    (the Triton kernel asserts it: pass 9 crashed there), cast once for every layer, and the
-    embeddings stay within bf16 rounding of vLLM's class."""
+    """In bfloat16 (as served) the in-place path gets cos/sin in fp32, computed once per call for
+    every layer, and with fp32 math written back into the bf16 view the embeddings are vLLM's
+    class's bit for bit (the tenth pass cast cos/sin to bf16 for flash-attn's kernel: answers
+    moved)."""
     stock, packed = encoder_check.pair(tiny_model_dir(), CPU, torch.bfloat16)
     calls: list[tuple[torch.Tensor, torch.Tensor]] = []
-    monkeypatch.setattr(packed.packed_encoder, "rotate", fake_triton_rotary(calls))
+    monkeypatch.setattr(packed.packed_encoder, "rotate", fake_rotary(calls, torch.bfloat16))
     grids = [(1, 24, 24), (1, 8, 12), (1, 2, 2)]
     ours, theirs = embeddings(packed, grids), embeddings(stock, grids)
-    layers = packed.config.vision_config.num_hidden_layers
-    assert len(calls) == layers
-    assert all(c is calls[0][0] and s is calls[0][1] for c, s in calls)  # one cast, every layer
-    assert calls[0][0].dtype == torch.bfloat16
+    assert len(calls) == packed.config.vision_config.num_hidden_layers
+    assert all(c is calls[0][0] and s is calls[0][1] for c, s in calls)  # once, every layer
     for a, b in zip(ours, theirs, strict=True):
         assert a.dtype == torch.bfloat16
-        assert float((a.float() - b.float()).norm() / b.float().norm()) < 2e-2
+        assert torch.equal(a, b)
 
 
 def test_the_entry_point_is_installed_and_registers_once() -> None:

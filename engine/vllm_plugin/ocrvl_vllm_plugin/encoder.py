@@ -39,24 +39,24 @@ MAX_SEQLEN_BACKENDS = {
     AttentionBackendEnum.TRITON_ATTN,
 }
 
-Rotate = Callable[..., torch.Tensor]
+# (q/k view, cos, sin): rotates the view in place
+Rotate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 def fused_rotary() -> Rotate | None:
-    """flash-attn's Triton rotary (the kernel vLLM's ApplyRotaryEmb runs on CUDA), which rotates
-    in place with fp32 math inside and asserts that cos/sin have x's dtype (the packed call casts
-    them once, to the projection's dtype); used only with OCRVL_PLUGIN_FUSED_ROTARY=1 on CUDA.
-    Off by default (None: vLLM's ApplyRotaryEmb runs on the q/k view, in fp32 as vLLM's class, so
-    the embeddings are bit-identical): with bf16 cos/sin greedy answers moved (0 of 8 pages equal
-    in the tenth H200 pass) and the two-engine default gained nothing from it (40.05 pages/s
-    against 39.84 without it, the README's "Fused rotary")."""
+    """The plugin's own in-place Triton rotary (rotary.py: fp32 math on fp32 cos/sin, one kernel
+    where vLLM's fp32 ApplyRotaryEmb runs four a layer), only with OCRVL_PLUGIN_FUSED_ROTARY=1 on
+    CUDA where triton imports. Off by default (None: vLLM's ApplyRotaryEmb runs on the q/k view,
+    bit-identical to vLLM's class) until a GPU pass measures its speed and its equality there;
+    the tenth pass's fused rotary (flash-attn's kernel, cos/sin cast to bf16) moved greedy
+    answers (the README's "Fused rotary")."""
     if os.environ.get("OCRVL_PLUGIN_FUSED_ROTARY", "0") != "1" or not current_platform.is_cuda():
         return None
-    try:
-        from vllm.vllm_flash_attn.layers import rotary  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
+    try:  # rotary.py imports triton: only here, never on the plugin's import
+        from ocrvl_vllm_plugin import rotary  # noqa: PLC0415
     except ImportError:
         return None
-    return rotary.apply_rotary_emb  # type: ignore[no-any-return]
+    return rotary.rotate_
 
 
 class PositionCache:
@@ -95,8 +95,9 @@ class PositionCache:
 @dataclass(frozen=True)
 class Layers:
     """What every layer of one packed call shares: where each image starts, the rotary angles
-    (vLLM's attention takes those) and their cos/sin, the longest image (host tensor or None),
-    each image's patches (host ints, for the plugin's own attention modes)."""
+    (vLLM's attention takes those) and their cos/sin (fp32, as vLLM's class computes them), the
+    longest image (host tensor or None), each image's patches (host ints, for the plugin's own
+    attention modes)."""
 
     cu_seqlens: torch.Tensor
     angles: torch.Tensor
@@ -167,8 +168,6 @@ class PackedEncoder:
             # on the host: the kernels' .item() then reads no device memory (no sync per layer)
             max_seqlen = torch.tensor(packing.max_seqlen, dtype=torch.int32)
         cos, sin = angles.cos(), angles.sin()
-        if self.rotate is not None:  # the Triton kernel takes cos/sin in q/k's dtype (asserted)
-            cos, sin = cos.to(hidden.dtype), sin.to(hidden.dtype)
         lengths = tuple(t * h * w for t, h, w in packing.grids)
         shared = Layers(cu_seqlens, angles, cos, sin, max_seqlen, lengths)
         for layer in encoder.layers:
@@ -200,15 +199,15 @@ class PackedEncoder:
         self, attn: SiglipAttention, hidden: torch.Tensor, shared: Layers
     ) -> torch.Tensor:
         """SiglipAttention.forward (one rank) with the rotary applied to the q/k half of the
-        packed qkv projection: in place by flash-attn's kernel on CUDA, else by vLLM's
-        ApplyRotaryEmb; cos/sin come computed once per call."""
+        packed qkv projection: by vLLM's ApplyRotaryEmb (fp32, out of place), or in place by the
+        plugin's kernel (`fused_rotary`, opt-in); cos/sin come computed once per call."""
         length = hidden.shape[1]
         heads = attn.num_attention_heads_per_partition
         qkv, _ = attn.qkv_proj(hidden)
         qkv = qkv.view(1, length, 3, heads, attn.hidden_size_per_attention_head)
         qk = qkv[:, :, :2].flatten(2, 3)  # (1, length, 2 * heads, head_dim), a view
         if self.rotate is not None:
-            self.rotate(qk, shared.cos, shared.sin, interleaved=False, inplace=True)
+            self.rotate(qk, shared.cos, shared.sin)
             q, k, v = qkv.unbind(2)
         else:
             rotated = attn.apply_rotary_emb(qk, shared.cos, shared.sin).unflatten(2, (2, heads))

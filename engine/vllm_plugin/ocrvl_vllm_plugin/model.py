@@ -21,10 +21,12 @@ What differs from vLLM's forward, and why the numbers stay equal:
    gather and cos/sin run once per call instead of in each of the 27 layers. Same integers, the
    same float ops on the same inputs.
 4. The rotary is applied to the q/k half of the packed qkv projection (a view), not to a
-   `torch.cat` of q and k. On CUDA flash-attn's Triton rotary, the kernel vLLM's ApplyRotaryEmb
-   calls there, rotates it in place: it computes in fp32 and rounds once to the model dtype,
-   which is what vLLM's `enable_fp32_compute` (upcast, same kernel, downcast) does with two
-   extra copies. Elsewhere vLLM's ApplyRotaryEmb module itself runs on the view.
+   `torch.cat` of q and k: vLLM's ApplyRotaryEmb module itself runs on the view, in fp32 as in
+   vLLM's class. Opt-in (OCRVL_PLUGIN_FUSED_ROTARY=1, CUDA) the plugin's Triton kernel
+   (rotary.py) rotates the view in place instead: fp32 math on fp32 cos/sin in the expression
+   order of flash-attn's kernel, rounded once to the model dtype, which is what
+   `enable_fp32_compute` computes with an fp32 copy in and a cast out (four kernels a layer in
+   an H100 profile). Bit-identical in Triton's CPU interpreter; on the GPU not yet checked.
 5. `max_seqlen` for the varlen kernels is a host tensor (as qwen2_5_vl passes it), so their
    `.item()` reads no device memory: no device sync per layer. Same value.
 6. The projector (mlp_AR) runs once: pre-norm over all patches (row-wise), the 2x2 spatial

@@ -315,3 +315,32 @@ def test_the_spy_stage_ranks_processes_threads_and_frames_by_the_cores_they_kept
     assert found[0]["threads"] == {"thread (20): MainThread": 6.0, "thread (21): Thread-1": 1.0}
     assert found[0]["self"] == [("call (image.py)", 180), ("detokenize (detok.py)", 30)]
     assert found[1]["self"] == [("step (core.py)", 45)]
+
+
+def test_collect_tars_a_log_that_a_restart_cuts_short_while_it_is_tarred(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The twenty-second pass's `up` ended in OSError: collect tarred the engine's log while the
+    new engine truncated it. Each log now goes in as the bytes read before its header: the file
+    cut short after that (here inside gettarinfo, as the restart did) changes nothing."""
+    import tarfile  # noqa: PLC0415
+
+    monkeypatch.setattr(run, "WORK", tmp_path / "work")
+    (tmp_path / "work" / "serve-logs").mkdir(parents=True)
+    log = tmp_path / "work" / "serve-logs" / "vllm-8118.log"
+    log.write_text("the previous engine's log\n" * 100)
+    stat = tarfile.TarFile.gettarinfo
+
+    def then_truncated(self: tarfile.TarFile, *args: Any, **kwargs: Any) -> Any:
+        info = stat(self, *args, **kwargs)
+        if info.name == "logs/vllm-8118.log":
+            log.write_text("")  # the new engine opens its log for writing
+        return info
+
+    monkeypatch.setattr(tarfile.TarFile, "gettarinfo", then_truncated)
+    given = plan("h100-diagnose.json") | {"host": {"results": str(tmp_path / "res"), "ports": 0}}
+    run.Pass(given, tmp_path / "out").collect()
+    with tarfile.open(tmp_path / "out" / f"{given['stem']}-raw.tar.gz") as tar:
+        member = tar.extractfile("logs/vllm-8118.log")
+        assert member is not None
+        assert member.read() == b"the previous engine's log\n" * 100
