@@ -94,16 +94,23 @@ class PositionCache:
 
 @dataclass(frozen=True)
 class Layers:
-    """What every layer of one packed call shares: where each image starts, the rotary angles
-    (vLLM's attention takes those) and their cos/sin (fp32, as vLLM's class computes them), the
-    longest image (host tensor or None), each image's patches (host ints, for the plugin's own
+    """One packed call's inputs on the device, everything `PackedEncoder.run` reads: the patches
+    as vLLM hands them, each patch's position embedding, where each image starts, the rotary's
+    cos/sin (fp32, as vLLM's class computes them) and the projector's 2x2 gather order. An
+    encoder CUDA graph (graphs.py) records `run` over buffers of these five tensors and fills
+    them before each replay. The rest serves the eager call only: the rotary angles (vLLM's own
+    attention takes those under tensor parallelism), the longest image (a host tensor, or None
+    for backends that take none) and each image's patches (host ints, for the plugin's own
     attention modes)."""
 
-    cu_seqlens: torch.Tensor
-    angles: torch.Tensor
-    cos: torch.Tensor
+    pixels: torch.Tensor  # (patches, channels, patch, patch): uint8 or float, as vLLM sends them
+    positions: torch.Tensor  # (patches, hidden)
+    cu_seqlens: torch.Tensor  # int32 (images + 1,)
+    cos: torch.Tensor  # float32 (patches, head_dim / 2)
     sin: torch.Tensor
-    max_seqlen: torch.Tensor | None
+    merged: torch.Tensor  # int32 (patches,): Packing.merged
+    angles: torch.Tensor | None = None
+    max_seqlen: torch.Tensor | None = None
     lengths: tuple[int, ...] = ()
 
 
@@ -129,37 +136,24 @@ class PackedEncoder:
     ) -> tuple[torch.Tensor, ...]:
         """One embedding tensor per image, in order, each (its tokens, text hidden size)."""
         packing = Packing.of(image_grid_thw.tolist(), self.merge)
-        weight = self.vision.embeddings.patch_embedding.weight
+        return torch.split(self.run(self.prepare(pixel_values, packing)), packing.tokens)
+
+    def prepare(
+        self, pixel_values: torch.Tensor | Sequence[torch.Tensor], packing: Packing
+    ) -> Layers:
+        """The call's inputs on the device: the patches in one tensor, the packing's indices
+        (one host-to-device copy), each grid's position table, the rotary's angles and cos/sin
+        (once per call, not in each of the 27 layers)."""
         if isinstance(pixel_values, torch.Tensor):  # same-sized images arrive stacked
             pixels = pixel_values.flatten(0, 1)
         else:
             pixels = torch.cat(list(pixel_values))
-        cu_seqlens, rows, cols, merged = packing.to_device(weight.device)
-        flat = self.norm(pixels.reshape(len(pixels), -1), weight.dtype)  # (patches, 3 x 14 x 14)
-        hidden = self.embed(flat.view(pixels.shape), packing)
-        hidden = self.encode(hidden, packing, cu_seqlens, rows, cols)
-        return torch.split(self.project(hidden, merged), packing.tokens)
-
-    def embed(self, pixels: torch.Tensor, packing: Packing) -> torch.Tensor:
-        """(1, patches, hidden): every patch embedded in one call, plus its grid's positions."""
-        patches: torch.Tensor = self.vision.embeddings.patch_embedding(pixels)
-        patches = patches.flatten(-2).squeeze(-1)
+        device = self.vision.embeddings.patch_embedding.weight.device
+        cu_seqlens, rows, cols, merged = packing.to_device(device)
         tables = []
         for t, h, w in packing.grids:
             table = self.positions(h, w)
             tables.append(table.repeat(t, 1) if t > 1 else table)
-        return (patches + torch.cat(tables)).unsqueeze(0)
-
-    def encode(
-        self,
-        hidden: torch.Tensor,
-        packing: Packing,
-        cu_seqlens: torch.Tensor,
-        rows: torch.Tensor,
-        cols: torch.Tensor,
-    ) -> torch.Tensor:
-        """The encoder layers and the post-norm over the packed sequence; attention stays inside
-        each image (cu_seqlens)."""
         encoder = self.vision.encoder
         longest = max(max(h, w) for _, h, w in packing.grids)
         angles = encoder.rotary_pos_emb(longest)[torch.stack([rows, cols], dim=-1)].flatten(1)
@@ -167,13 +161,23 @@ class PackedEncoder:
         if encoder.attn_backend in MAX_SEQLEN_BACKENDS:
             # on the host: the kernels' .item() then reads no device memory (no sync per layer)
             max_seqlen = torch.tensor(packing.max_seqlen, dtype=torch.int32)
-        cos, sin = angles.cos(), angles.sin()
         lengths = tuple(t * h * w for t, h, w in packing.grids)
-        shared = Layers(cu_seqlens, angles, cos, sin, max_seqlen, lengths)
-        for layer in encoder.layers:
+        return Layers(pixels, torch.cat(tables), cu_seqlens, angles.cos(), angles.sin(), merged,
+                      angles, max_seqlen, lengths)  # fmt: skip
+
+    def run(self, shared: Layers) -> torch.Tensor:
+        """(tokens of every image, text hidden size): the input norm, the patch embedding plus
+        the positions, the encoder layers (attention inside each image: cu_seqlens), the
+        post-norm and the projector, over the packed sequence."""
+        pixels = shared.pixels
+        weight = self.vision.embeddings.patch_embedding.weight
+        flat = self.norm(pixels.reshape(len(pixels), -1), weight.dtype)  # (patches, 3 x 14 x 14)
+        patches: torch.Tensor = self.vision.embeddings.patch_embedding(flat.view(pixels.shape))
+        hidden = (patches.flatten(-2).squeeze(-1) + shared.positions).unsqueeze(0)
+        for layer in self.vision.encoder.layers:
             hidden = self.layer(cast(SiglipEncoderLayer, layer), hidden, shared)
         normed: torch.Tensor = self.vision.post_layernorm(hidden)
-        return normed
+        return self.project(normed, shared.merged)
 
     def layer(
         self, layer: SiglipEncoderLayer, hidden: torch.Tensor, shared: Layers

@@ -44,6 +44,9 @@ What differs from vLLM's forward, and why the numbers stay equal:
    the engine and on to the GPU), and vLLM's FusedMMInputNorm computes `x * (1/255/std) -
    mean/std` in fp32 before the patch embedding, as vLLM's Qwen2-VL family does. The same affine
    map of the same integers as the processor's `(x/255 - mean)/std`, one rounding apart (fp32).
+10. Opt-in (`--compilation-config '{"cudagraph_mm_encoder": true}'`), vLLM's encoder graph
+   manager replays `PackedEncoder.run` recorded over buffers (graphs.py): the same kernels on the
+   same values, the buffers zero-padded past the batch's patches, which belong to no image.
 
 The layer loop in encoder.py restates SiglipEncoderLayer.forward (norm, attention, residual,
 norm, MLP, residual) around the new attention; no other vLLM code is copied.
@@ -51,18 +54,20 @@ norm, MLP, residual) around the new attention; no other vLLM code is copied.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
+from typing import Any, ClassVar, Literal
 
 import torch
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.model_executor.layers.fusion.mm_input_norm import build_mm_input_norm
-from vllm.model_executor.models.interfaces import MultiModalEmbeddings
+from vllm.model_executor.models.interfaces import MultiModalEmbeddings, SupportsEncoderCudaGraph
 from vllm.model_executor.models.paddleocr_vl import (
     PaddleOCRImagePixelInputs,
     PaddleOCRVLForConditionalGeneration,
 )
 
+from ocrvl_vllm_plugin import graphs
 from ocrvl_vllm_plugin.encoder import PackedEncoder
 
 logger = init_logger("vllm.ocrvl_vllm_plugin")
@@ -70,10 +75,14 @@ logger = init_logger("vllm.ocrvl_vllm_plugin")
 IN_USE = "PaddleOCR-VL packed vision encoder in use (plugin ocrvl_packed_encoder)"
 
 
-class PackedPaddleOCRVLForConditionalGeneration(PaddleOCRVLForConditionalGeneration):
-    """vLLM's PaddleOCR-VL, its images encoded in one packed ViT call per step."""
+class PackedPaddleOCRVLForConditionalGeneration(
+    PaddleOCRVLForConditionalGeneration, SupportsEncoderCudaGraph
+):
+    """vLLM's PaddleOCR-VL, its images encoded in one packed ViT call per step; with vLLM's
+    `cudagraph_mm_encoder` that call replays a CUDA graph (graphs.py, opt-in)."""
 
     supports_mm_device_do_normalize = True  # read by vLLM's registry: 9 above
+    supports_encoder_cudagraph: ClassVar[Literal[True]] = True  # used only if switched on
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
@@ -87,6 +96,54 @@ class PackedPaddleOCRVLForConditionalGeneration(PaddleOCRVLForConditionalGenerat
 
     def _process_image_input(self, image_input: PaddleOCRImagePixelInputs) -> MultiModalEmbeddings:
         return self.packed_encoder(image_input.pixel_values, image_input.image_grid_thw)
+
+    # SupportsEncoderCudaGraph (vLLM reads these only with cudagraph_mm_encoder): graphs.py
+
+    def get_encoder_cudagraph_config(self) -> Any:
+        graphs.check(self.packed_encoder)
+        return graphs.config(self.config.text_config.hidden_size)
+
+    def get_encoder_cudagraph_budget_range(self, vllm_config: VllmConfig) -> tuple[int, int]:
+        return graphs.budget_range(vllm_config)
+
+    def get_encoder_cudagraph_item_specs(self, mm_kwargs: dict[str, Any]) -> Any:
+        return graphs.item_specs(mm_kwargs, self.packed_encoder.merge)
+
+    def select_encoder_cudagraph_items(
+        self, mm_kwargs: dict[str, Any], indices: list[int]
+    ) -> dict[str, Any]:
+        return graphs.select(mm_kwargs, indices)
+
+    def prepare_encoder_cudagraph_capture_inputs(  # noqa: PLR0917 (vLLM's signature)
+        self,
+        token_budget: int,
+        max_batch_size: int,
+        max_frames_per_batch: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        path: str = "default",
+        axis_keys: tuple[Hashable, ...] | None = None,
+    ) -> Any:
+        return graphs.capture(self.packed_encoder, token_budget, max_batch_size, device)
+
+    def prepare_encoder_cudagraph_replay_buffers(
+        self,
+        mm_kwargs: dict[str, Any],
+        max_batch_size: int,
+        max_frames_per_batch: int,
+        path: str = "default",
+    ) -> Any:
+        return graphs.replay(self.packed_encoder, mm_kwargs)
+
+    def encoder_cudagraph_forward(
+        self, values: dict[str, torch.Tensor], path: str = "default"
+    ) -> torch.Tensor:
+        return graphs.forward(self.packed_encoder, values)
+
+    def encoder_eager_forward(
+        self, mm_kwargs: dict[str, Any], path: str = "default"
+    ) -> torch.Tensor:
+        return graphs.eager(self.packed_encoder, mm_kwargs)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         loaded = super().load_weights(weights)
