@@ -6,7 +6,7 @@ RES holds what `bench.gpu.run` wrote: NN-VARIANT.json per window (bench.gpu.load
 alone-NN-SETTING.json (the layout service alone at each of the plan's `alone.services`; the
 first's median window is the summary's `layout_service_alone_pages_per_s`; its /metrics before
 and after each window give each setting's `gpu_memory_mib`), floor-whole.json
-and floor-blocks.json (bench.gpu.floor's), vit-attention.json (bench.gpu.encoder_check's: the
+and floor-blocks.json (bench.gpu.floor's), vit-attention*.json (bench.gpu.encoder_check's: the
 summary's `vit_attention`, the fastest within bounds per kind and batch). The `default`
 variant (layout off) is held to the `whole` floor, `layout` (layout on) to `blocks`.
 
@@ -66,8 +66,8 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
         earlier = json.loads((ROOT / plan["alone_pass"]).read_text())
         alone = earlier["layout_service_alone_by_setting"]
     alone_figure = next(iter(alone.values()), {}).get("pages_per_s_by_count")
-    found = res / "vit-attention.json"
-    vit = json.loads(found.read_text()) if found.exists() else None
+    found = sorted(res.glob("vit-attention*.json"))  # -fused-rotary.json: the plugin's opt-in
+    vit = json.loads(found[0].read_text()) if found else None
     machines = [f["machine"] for f in floors.values()] + ([vit["machine"]] if vit else [])
     if (res / "machine.json").exists():  # written by the `alone` stage
         machines.append(json.loads((res / "machine.json").read_text()))

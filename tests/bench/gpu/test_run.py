@@ -203,10 +203,12 @@ def test_the_report_puts_the_engines_reads_beside_each_window(tmp_path: Path) ->
     assert "the engines read every page: False." in text
 
 
+@pytest.mark.parametrize("name", ["vit-attention.json", "vit-attention-fused-rotary.json"])
 def test_the_report_tables_the_vit_attention_and_names_the_fastest_within_bounds(
-    tmp_path: Path,
+    tmp_path: Path, name: str
 ) -> None:
-    """encoder_check's JSON in RES (and no floor): the summary's `vit_attention` has each
+    """encoder_check's JSON in RES (and no floor), as the `vit` stage names it (with
+    OCRVL_PLUGIN_FUSED_ROTARY=1 a name of its own): the summary's `vit_attention` has each
     batch's ms per line and the fastest line within bounds (a faster one out of bounds is not
     it), the GPU named from the check's machine; STEM.md tables them."""
     given = plan("h200-vit-alone.json")
@@ -222,7 +224,7 @@ def test_the_report_tables_the_vit_attention_and_names_the_fastest_within_bounds
          "backends": {"TORCH_SDPA": mode | {"ms": 230.0}}},
     ]  # fmt: skip
     vit = {"machine": {"gpu": "NVIDIA H200"}, "stock_attention": "FLASH_ATTN", "batches": batches}
-    (res / "vit-attention.json").write_text(json.dumps(vit))
+    (res / name).write_text(json.dumps(vit))
     summary = report.write(given, res, out)
     assert summary["gpu"] == "NVIDIA H200"
     rows = summary["vit_attention"]
