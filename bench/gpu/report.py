@@ -39,9 +39,8 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
     nan = float("nan")
     variants, figures = [], {}
     for v in plan["variants"]:
-        windows = [
-            json.loads(path.read_text()) for path in sorted(res.glob(f"[0-9]*-{v['name']}.json"))
-        ]
+        names = sorted(res.glob(f"[0-9][0-9]-{v['name']}.json"))  # not 03-fused-{name}.json
+        windows = [json.loads(path.read_text()) for path in names]
         engine_reads = [w.get("engine_reads") for w in windows]  # the window stage's check
         floor_ms = floors.get(v["layout"], {}).get("ms_per_page", nan)
         variants.append({"name": v["name"], "stack": v["stack"], "concurrency": v["concurrency"],
@@ -57,7 +56,7 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
             figures[v["name"]] = figure
         variants[-1]["engine_reads"] = engine_reads
     settings = plan["alone"]["services"]
-    by_setting = {name: sorted(res.glob(f"alone-*-{name}.json")) for name in settings}
+    by_setting = {name: sorted(res.glob(f"alone-[0-9][0-9]-{name}.json")) for name in settings}
     alone = {name: method.median([json.loads(f.read_text()) for f in files])
              | {"flags": settings[name]} | memory(files)
              for name, files in by_setting.items() if files}  # fmt: skip

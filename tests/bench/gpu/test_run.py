@@ -346,3 +346,20 @@ def test_collect_tars_a_log_that_a_restart_cuts_short_while_it_is_tarred(
         member = tar.extractfile("logs/vllm-8118.log")
         assert member is not None
         assert member.read() == b"the previous engine's log\n" * 100
+
+
+def test_the_report_gives_each_variant_its_own_windows_when_one_name_ends_another(
+    tmp_path: Path,
+) -> None:
+    """The encoder plans' variants `layout`, `fused-layout` and `graphs-layout`: each takes only
+    its own window (NN-NAME.json), not the others' whose names end with its own."""
+    given = plan("h100-encoder.json")
+    res, out = tmp_path / "res", tmp_path / "out"
+    res.mkdir()
+    names = [v["name"] for v in given["variants"]]
+    assert names == ["default", "layout", "fused", "fused-layout", "graphs", "graphs-layout"]
+    for index, name in enumerate(method.order(names, given["windows"])):
+        window_file(res, f"{index:02d}-{name}", 4 + index)
+    summary = report.write(given, res, out)
+    found = {v["name"]: len(v["windows"]) for v in summary["variants"]}
+    assert found == dict.fromkeys(names, 1)
