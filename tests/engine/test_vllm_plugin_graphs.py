@@ -29,8 +29,8 @@ with warnings.catch_warnings():  # torch's own DeprecationWarnings (torch.jit) o
 
     from bench.gpu import encoder_check
 
+# Where the buffers and their forward run: the GPU would replay a graph over them
 CPU = torch.device("cpu")
-Grid = tuple[int, int, int]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def packed(model: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     return model
 
 
-def batch(grids: list[Grid], seed: int = 0) -> dict[str, Any]:
+def batch(grids: list[tuple[int, int, int]], seed: int = 0) -> dict[str, Any]:
     """A step's image inputs as vLLM hands them to the encoder (random pixels)."""
     return encoder_check.inputs(grids, CPU, seed)
 
