@@ -97,7 +97,7 @@ class Layers:
     """One packed call's inputs on the device, everything `PackedEncoder.run` reads: the patches
     as vLLM hands them, each patch's position embedding, where each image starts, the rotary's
     cos/sin (fp32, as vLLM's class computes them) and the projector's 2x2 gather order. An
-    encoder CUDA graph (graphs.py) records `run` over buffers of these five tensors and fills
+    encoder CUDA graph (graphs.py) records `run` over buffers of these six tensors and fills
     them before each replay. The rest serves the eager call only: the rotary angles (vLLM's own
     attention takes those under tensor parallelism), the longest image (a host tensor, or None
     for backends that take none) and each image's patches (host ints, for the plugin's own
@@ -135,8 +135,15 @@ class PackedEncoder:
         self, pixel_values: torch.Tensor | Sequence[torch.Tensor], image_grid_thw: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         """One embedding tensor per image, in order, each (its tokens, text hidden size)."""
+        tokens, packing = self.encode(pixel_values, image_grid_thw)
+        return torch.split(tokens, packing.tokens)
+
+    def encode(
+        self, pixel_values: torch.Tensor | Sequence[torch.Tensor], image_grid_thw: torch.Tensor
+    ) -> tuple[torch.Tensor, Packing]:
+        """Every image's tokens in one tensor, in order, and the packing that says whose."""
         packing = Packing.of(image_grid_thw.tolist(), self.merge)
-        return torch.split(self.run(self.prepare(pixel_values, packing)), packing.tokens)
+        return self.run(self.prepare(pixel_values, packing)), packing
 
     def prepare(
         self, pixel_values: torch.Tensor | Sequence[torch.Tensor], packing: Packing

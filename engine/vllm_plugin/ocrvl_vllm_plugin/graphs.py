@@ -87,16 +87,11 @@ def budget_range(vllm_config: Any) -> tuple[int, int]:
     return MIN_BUDGET, min(scheduler.max_num_batched_tokens, model.max_model_len)
 
 
-def grids(mm_kwargs: dict[str, Any]) -> list[tuple[int, int, int]]:
-    """Each image's (t, h, w) in patches (vLLM keeps image_grid_thw on the host)."""
-    return [(int(t), int(h), int(w)) for t, h, w in mm_kwargs["image_grid_thw"].tolist()]
-
-
 def item_specs(mm_kwargs: dict[str, Any], merge: int) -> list[EncoderItemSpec]:
-    """Each image's patches in, tokens out."""
+    """Each image's patches in, tokens out (vLLM keeps image_grid_thw on the host)."""
     return [
         EncoderItemSpec(input_size=t * h * w, output_tokens=t * h * w // merge**2)
-        for t, h, w in grids(mm_kwargs)
+        for t, h, w in mm_kwargs["image_grid_thw"].tolist()
     ]
 
 
@@ -110,8 +105,7 @@ def select(mm_kwargs: dict[str, Any], indices: Sequence[int]) -> dict[str, Any]:
 
 def eager(encoder: PackedEncoder, mm_kwargs: dict[str, Any]) -> torch.Tensor:
     """The batch without a graph: every image's tokens in one tensor, in order."""
-    packing = Packing.of(grids(mm_kwargs), encoder.merge)
-    return encoder.run(encoder.prepare(mm_kwargs["pixel_values"], packing))
+    return encoder.encode(mm_kwargs["pixel_values"], mm_kwargs["image_grid_thw"])[0]
 
 
 def capture(
@@ -143,7 +137,7 @@ def capture(
 
 def replay(encoder: PackedEncoder, mm_kwargs: dict[str, Any]) -> EncoderCudaGraphReplayBuffers:
     """A batch's values for the buffers (the manager zero-pads them into the graph's)."""
-    packing = Packing.of(grids(mm_kwargs), encoder.merge)
+    packing = Packing.of(mm_kwargs["image_grid_thw"].tolist(), encoder.merge)
     layers = encoder.prepare(mm_kwargs["pixel_values"], packing)
     return EncoderCudaGraphReplayBuffers(values={key: getattr(layers, key) for key in BUFFERS})
 
