@@ -65,7 +65,7 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
         earlier = json.loads((ROOT / plan["alone_pass"]).read_text())
         alone = earlier["layout_service_alone_by_setting"]
     alone_figure = next(iter(alone.values()), {}).get("pages_per_s_by_count")
-    found = sorted(res.glob("vit-attention*.json"))  # -fused-rotary.json: the plugin's opt-in
+    found = sorted(res.glob("vit-attention*.json"))  # -fused-rotary.json: the 23rd pass's name
     vit = json.loads(found[0].read_text()) if found else None
     machines = [f["machine"] for f in floors.values()] + ([vit["machine"]] if vit else [])
     if (res / "machine.json").exists():  # written by the `alone` stage
@@ -142,8 +142,12 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
     ]
     for variant in summary["variants"]:
         figure = parts["figures"].get(variant["name"])
+        if not variant["windows"]:
+            lines += [f"## {variant['name']}: no window in this pass", ""]
+            continue
         lines += [f"## {variant['name']} (c={variant['concurrency']}): {variant['stack']}", "",
-                  f"Floor: {variant['floor_ms_per_page']:.2f} ms a page.", "",
+                  f"Floor: {variant['floor_ms_per_page']:.2f} ms a page." if measured(variant)
+                  else "Floor: not measured in this pass.", "",
                   "| window | seconds | mean latencies | pages/s by count | by latency | bins cv "
                   "| engine requests / pages 200, cache hits (whole load) |",
                   "|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
@@ -158,8 +162,9 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
             lines += ["", f"**{figure['pages_per_s_by_count']:.2f} pages/s** (median window by "
                       f"count; spread {spread['min']:.2f}-{spread['max']:.2f}, "
                       f"{100 * (spread['relative'] or 0):.1f} %): "
-                      f"**{100 * figure['of_floor']:.1f} %** "
-                      f"of its floor; every window flat: {figure['all_flat']}, steady: "
+                      + (f"**{100 * figure['of_floor']:.1f} %** of its floor; "
+                         if measured(variant) else "")
+                      + f"every window flat: {figure['all_flat']}, steady: "
                       f"{figure['all_steady']}, every answer 200: {figure['all_200']}, "
                       f"the engines read every page: {figure['engines_read']}."]  # fmt: skip
         lines.append("")
@@ -192,9 +197,15 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
                      for n in names]  # fmt: skip
             lines.append(f"| {row['kind']} | {row['images']} | {row['patches']} | "
                          + " | ".join(cells) + f" | {row['fastest']} |")  # fmt: skip
-        lines += ["", "! out of bounds: its embeddings differ from the stock's by more than "
-                  "bfloat16's own rounding."]  # fmt: skip
+        if any(row["out_of_bounds"] for row in rows):
+            lines += ["", "! out of bounds: its embeddings differ from the stock's by more than "
+                      "bfloat16's own rounding."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def measured(variant: dict[str, Any]) -> bool:
+    """Whether the pass measured `variant`'s floor (the encoder plans measure none)."""
+    return not math.isnan(variant["floor_ms_per_page"])
 
 
 def engine_cell(counted: dict[str, Any] | None) -> str:

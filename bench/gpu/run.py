@@ -188,11 +188,10 @@ def floor(p: Pass) -> None:
 
 def vit(p: Pass) -> None:
     """The ViT attention modes and backends (bench.gpu.encoder_check), GPU idle; a batch out of
-    bounds is in the JSON and the log, and the stages go on. With OCRVL_PLUGIN_FUSED_ROTARY=1 in
-    the call's environment the plugin's class has its fused rotary, its JSON a name of its own."""
-    fused = "-fused-rotary" if os.environ.get("OCRVL_PLUGIN_FUSED_ROTARY") == "1" else ""
+    bounds is in the JSON and the log, and the stages go on. The plugin's rotary is the call's
+    environment's (OCRVL_PLUGIN_FUSED_ROTARY); the JSON's `fused_rotary` says which ran."""
     p.run([p.host["engine_python"], "-m", "bench.gpu.encoder_check", *p.plan.get("vit", []),
-           "--out", str(p.res / f"vit-attention{fused}.json")])  # fmt: skip
+           "--out", str(p.res / "vit-attention.json")])  # fmt: skip
 
 
 def up(p: Pass) -> None:

@@ -230,7 +230,7 @@ def fake_rotary(calls: list[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dty
 def test_an_in_place_rotary_of_the_q_k_view_gives_vllms_embeddings(
     models: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The opt-in kernel's path (OCRVL_PLUGIN_FUSED_ROTARY=1) rotates the q/k view of the qkv
+    """The CUDA default kernel's path (the fused rotary) rotates the q/k view of the qkv
     projection in place: with vLLM's own fp32 rotary written into the view the embeddings are
     vLLM's, so the view is the buffer attention reads."""
     stock, packed = models
@@ -325,10 +325,11 @@ def log_of(server: VLLMServer) -> str:
 @pytest.mark.vllm
 def test_the_session_engine_runs_the_packed_encoder(vllm_server: VLLMServer) -> None:
     """The plugin is on by default: the session's engine built the packed class (its own log
-    line, written when vLLM constructs it), which vLLM gave pixels to normalise on the device."""
+    line, written when vLLM constructs it), which vLLM gave pixels to normalise on the device;
+    off CUDA its rotary is vLLM's fp32 one (the fused kernel is CUDA's default)."""
     log = log_of(vllm_server)
     assert IN_USE in log
-    assert "pixels normalised on the device" in log
+    assert "pixels normalised on the device; rotary vLLM's fp32" in log
 
 
 @pytest.mark.vllm

@@ -139,13 +139,18 @@ def test_bad_arguments_are_refused_before_the_kernel_runs(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("flag", "cuda", "chosen"), [("1", True, True), ("0", True, False), ("1", False, False)]
-)
-def test_the_kernel_runs_only_when_asked_for_on_cuda(
-    monkeypatch: pytest.MonkeyPatch, flag: str, cuda: bool, chosen: bool
+    ("flag", "cuda", "chosen"),
+    [(None, True, True), ("1", True, True), ("0", True, False), (None, False, False),
+     ("1", False, False)],
+)  # fmt: skip
+def test_the_kernel_runs_on_cuda_unless_turned_off(
+    monkeypatch: pytest.MonkeyPatch, flag: str | None, cuda: bool, chosen: bool
 ) -> None:
-    """OCRVL_PLUGIN_FUSED_ROTARY=1 on CUDA picks the plugin's kernel; otherwise vLLM's rotary
-    (None), the default."""
-    monkeypatch.setenv("OCRVL_PLUGIN_FUSED_ROTARY", flag)
+    """On CUDA the plugin's kernel is the default; OCRVL_PLUGIN_FUSED_ROTARY=0 turns it off, and
+    off CUDA vLLM's rotary (None) runs whatever the flag says."""
+    if flag is None:
+        monkeypatch.delenv("OCRVL_PLUGIN_FUSED_ROTARY", raising=False)
+    else:
+        monkeypatch.setenv("OCRVL_PLUGIN_FUSED_ROTARY", flag)
     monkeypatch.setattr(encoder.current_platform, "is_cuda", lambda: cuda)
     assert (encoder.fused_rotary() is rotary.rotate_) is chosen

@@ -22,11 +22,12 @@ What differs from vLLM's forward, and why the numbers stay equal:
    same float ops on the same inputs.
 4. The rotary is applied to the q/k half of the packed qkv projection (a view), not to a
    `torch.cat` of q and k: vLLM's ApplyRotaryEmb module itself runs on the view, in fp32 as in
-   vLLM's class. Opt-in (OCRVL_PLUGIN_FUSED_ROTARY=1, CUDA) the plugin's Triton kernel
+   vLLM's class. On CUDA (unless OCRVL_PLUGIN_FUSED_ROTARY=0) the plugin's Triton kernel
    (rotary.py) rotates the view in place instead: fp32 math on fp32 cos/sin in the expression
    order of flash-attn's kernel, rounded once to the model dtype, which is what
    `enable_fp32_compute` computes with an fp32 copy in and a cast out (four kernels a layer in
-   an H100 profile). Bit-identical in Triton's CPU interpreter; on the GPU not yet checked.
+   an H100 profile). Bit-identical in Triton's CPU interpreter and, on an H100, on whole pages
+   (bench.gpu.encoder_check, the twenty-third pass).
 5. `max_seqlen` for the varlen kernels is a host tensor (as qwen2_5_vl passes it), so their
    `.item()` reads no device memory: no device sync per layer. Same value.
 6. The projector (mlp_AR) runs once: pre-norm over all patches (row-wise), the 2x2 spatial
@@ -90,9 +91,11 @@ class PackedPaddleOCRVLForConditionalGeneration(
         norm = build_mm_input_norm(vllm_config.model_config)  # identity unless on the device
         self.packed_encoder = PackedEncoder(self.visual, self.mlp_AR, norm)
         where = "on the host" if norm.input_dtype is None else "on the device"
+        rotary = "vLLM's fp32" if self.packed_encoder.rotate is None else "the plugin's fused"
         logger.info(
-            "%s; ViT attention %s; pixels normalised %s", IN_USE, self.packed_encoder.mode, where
-        )
+            "%s; ViT attention %s; pixels normalised %s; rotary %s",
+            IN_USE, self.packed_encoder.mode, where, rotary,
+        )  # fmt: skip
 
     def _process_image_input(self, image_input: PaddleOCRImagePixelInputs) -> MultiModalEmbeddings:
         return self.packed_encoder(image_input.pixel_values, image_input.image_grid_thw)

@@ -207,10 +207,10 @@ def test_the_report_puts_the_engines_reads_beside_each_window(tmp_path: Path) ->
 def test_the_report_tables_the_vit_attention_and_names_the_fastest_within_bounds(
     tmp_path: Path, name: str
 ) -> None:
-    """encoder_check's JSON in RES (and no floor), as the `vit` stage names it (with
-    OCRVL_PLUGIN_FUSED_ROTARY=1 a name of its own): the summary's `vit_attention` has each
-    batch's ms per line and the fastest line within bounds (a faster one out of bounds is not
-    it), the GPU named from the check's machine; STEM.md tables them."""
+    """encoder_check's JSON in RES (and no floor), as the `vit` stage names it (or as the
+    twenty-third pass's did, with the fused rotary opt-in then): the summary's `vit_attention`
+    has each batch's ms per line and the fastest line within bounds (a faster one out of bounds
+    is not it), the GPU named from the check's machine; STEM.md tables them."""
     given = plan("h200-vit-alone.json")
     res, out = tmp_path / "res", tmp_path / "out"
     res.mkdir()
@@ -363,3 +363,22 @@ def test_the_report_gives_each_variant_its_own_windows_when_one_name_ends_anothe
     summary = report.write(given, res, out)
     found = {v["name"]: len(v["windows"]) for v in summary["variants"]}
     assert found == dict.fromkeys(names, 1)
+
+
+def test_a_pass_without_a_floor_or_with_a_variant_unread_says_so(tmp_path: Path) -> None:
+    """The twenty-third pass: no floor, and two of six variants without a window. STEM.md says
+    the floor was not measured and which variants had no window, and prints no NaN ratio."""
+    given = plan("h100-encoder.json")
+    res, out = tmp_path / "res", tmp_path / "out"
+    res.mkdir()
+    names = [v["name"] for v in given["variants"]]
+    for index, name in enumerate(method.order(names, given["windows"])):
+        if not name.endswith("-layout"):
+            window_file(res, f"{index:02d}-{name}", 4 + index)
+    report.write(given, res, out)
+    text = (out / f"{given['stem']}.md").read_text()
+    assert "nan" not in text
+    assert text.count("Floor: not measured in this pass.") == 1 + 4
+    assert "## fused-layout: no window in this pass" in text
+    assert "## graphs-layout: no window in this pass" in text
+    assert "of its floor" not in text
