@@ -64,6 +64,17 @@ KEY = "sk-gpu-bench"
 BACKEND_KEY = "sk-backend-pass"
 
 
+def gone(pid: int) -> bool:
+    """Whether `pid` ended: no such process, or a zombie (a child of this call that nothing has
+    waited for yet, which `kill(pid, 0)` and /proc still find: `ready` waited out its deadline on
+    a make serve that had exited, `down` 20 s on each stopped leader)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
 class Pass:
     """A plan, where its results go, and the call's clock."""
 
@@ -117,9 +128,7 @@ class Pass:
                     return
             except OSError:
                 pass
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+            if gone(pid):
                 break
             time.sleep(2)
         tail = (WORK / f"{name}.log").read_text(errors="replace")[-3000:]
@@ -383,7 +392,7 @@ def down(p: Pass) -> None:
             except ProcessLookupError:
                 break
             for _ in range(20):
-                if not Path(f"/proc/{pid}").exists():  # the group's leader is gone
+                if gone(pid):  # the group's leader
                     break
                 time.sleep(1)
         pid_file.unlink()

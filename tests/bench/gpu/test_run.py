@@ -382,3 +382,30 @@ def test_a_pass_without_a_floor_or_with_a_variant_unread_says_so(tmp_path: Path)
     assert "## fused-layout: no window in this pass" in text
     assert "## graphs-layout: no window in this pass" in text
     assert "of its floor" not in text
+
+
+def test_ready_ends_when_the_stack_it_waits_for_has_exited_unreaped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CPU rehearsal of plans/h100-engines.json: make serve exited at once (ENGINES=2 asks for
+    MPS, which the CPU lacks) and `ready` waited out its deadline, since the exited child, never
+    waited for, still answered `kill(pid, 0)`. `gone` knows such a zombie, and `ready` fails at
+    once with the stack's log."""
+    import os  # noqa: PLC0415
+
+    monkeypatch.setattr(run, "WORK", tmp_path / "work")
+    p = run.Pass(plan("h100-engines.json") | {"host": {"results": str(tmp_path / "res"),
+                                                        "ports": 0}}, tmp_path / "out")  # fmt: skip
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "serve.log").write_text("make serve: MPS asked for\n")
+    child = subprocess.Popen(["sh", "-c", "exit 2"])  # as `up` starts make serve
+    (tmp_path / "work" / "serve.pid").write_text(str(child.pid))
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # it exited; unreaped, a zombie
+    try:
+        os.kill(child.pid, 0)  # what `ready` asked before: still "alive"
+        assert run.gone(child.pid)
+        with pytest.raises(RuntimeError, match="MPS asked for"):
+            p.wait_ready("serve", "http://127.0.0.1:9/ready", 600)
+    finally:
+        assert child.wait() == 2
+    assert run.gone(child.pid)  # reaped: no such process
