@@ -110,19 +110,22 @@ def memory(windows: list[Path]) -> dict[str, Any]:
 
 def attention(vit: dict[str, Any]) -> list[dict[str, Any]]:
     """Per kind and batch of encoder_check's report: each line's ms (the stock, the plugin's
-    modes, vLLM's other backends), which are within bounds, and the fastest of those."""
+    modes, vLLM's other backends), their largest difference from the stock's embeddings, which
+    are within bounds, and the fastest of those."""
     rows = []
     for batch in vit["batches"]:
         lines = {f"stock {vit.get('stock_attention', '')}".strip(): batch["stock_ms"]}
-        bad = set()
+        bad, apart = set(), {}
         for kind, measured in (("plugin", batch["modes"]), ("vllm", batch.get("backends", {}))):
             for name, m in measured.items():
                 lines[f"{kind} {name}"] = m["ms"]
+                apart[f"{kind} {name}"] = m.get("max_abs")
                 if not m["within"]:
                     bad.add(f"{kind} {name}")
         good = {name: ms for name, ms in lines.items() if name not in bad}
         rows.append({"kind": batch.get("kind", "mixed"), "images": batch["images"],
-                     "patches": batch["patches"], "ms": lines, "out_of_bounds": sorted(bad),
+                     "patches": batch["patches"], "ms": lines, "max_abs": apart,
+                     "fused_rotary": vit.get("fused_rotary"), "out_of_bounds": sorted(bad),
                      "fastest": min(good, key=good.__getitem__)})  # fmt: skip
     return rows
 
@@ -189,12 +192,16 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
     rows = summary.get("vit_attention") or []
     if rows:
         names = list(rows[0]["ms"])
+        rotary = {True: "the plugin's fused", False: "vLLM's fp32"}.get(rows[0].get("fused_rotary"))
         lines += ["", "## The vision tower's attention (ms per batch, bench.gpu.encoder_check)", "",
+                  "(d) after a time: the largest absolute difference from the stock's embeddings, "
+                  "where not 0" + (f"; the plugin's rotary: {rotary}" if rotary else "") + ".", "",
                   "| kind | images | patches | " + " | ".join(names) + " | fastest |",
                   "|---|--:|--:|" + "--:|" * len(names) + "---|"]  # fmt: skip
         for row in rows:
-            cells = [f"{row['ms'][n]:.2f}" + (" !" if n in row["out_of_bounds"] else "")
-                     for n in names]  # fmt: skip
+            apart = row.get("max_abs", {})
+            cells = [f"{row['ms'][n]:.2f}" + (f" ({apart[n]:g})" if apart.get(n) else "")
+                     + (" !" if n in row["out_of_bounds"] else "") for n in names]  # fmt: skip
             lines.append(f"| {row['kind']} | {row['images']} | {row['patches']} | "
                          + " | ".join(cells) + f" | {row['fastest']} |")  # fmt: skip
         if any(row["out_of_bounds"] for row in rows):

@@ -210,7 +210,8 @@ def test_the_report_tables_the_vit_attention_and_names_the_fastest_within_bounds
     """encoder_check's JSON in RES (and no floor), as the `vit` stage names it (or as the
     twenty-third pass's did, with the fused rotary opt-in then): the summary's `vit_attention`
     has each batch's ms per line and the fastest line within bounds (a faster one out of bounds
-    is not it), the GPU named from the check's machine; STEM.md tables them."""
+    is not it), the GPU named from the check's machine; STEM.md tables them, each
+    line's distance from the stock where not 0, and which rotary the plugin ran."""
     given = plan("h200-vit-alone.json")
     res, out = tmp_path / "res", tmp_path / "out"
     res.mkdir()
@@ -220,10 +221,16 @@ def test_the_report_tables_the_vit_attention_and_names_the_fastest_within_bounds
          "modes": {"vllm": mode | {"ms": 150.0}, "cudnn": mode | {"ms": 170.0}},
          "backends": {"TORCH_SDPA": mode | {"ms": 280.0}}},
         {"kind": "blocks", "images": 8, "patches": 10144, "stock_ms": 300.0,
-         "modes": {"vllm": mode | {"ms": 36.0}, "cudnn": {"within": False, "ms": 20.0}},
+         "modes": {"vllm": mode | {"ms": 36.0, "max_abs": 7.5},
+                   "cudnn": {"within": False, "ms": 20.0}},
          "backends": {"TORCH_SDPA": mode | {"ms": 230.0}}},
     ]  # fmt: skip
-    vit = {"machine": {"gpu": "NVIDIA H200"}, "stock_attention": "FLASH_ATTN", "batches": batches}
+    vit = {
+        "machine": {"gpu": "NVIDIA H200"},
+        "stock_attention": "FLASH_ATTN",
+        "batches": batches,
+        "fused_rotary": True,
+    }
     (res / name).write_text(json.dumps(vit))
     summary = report.write(given, res, out)
     assert summary["gpu"] == "NVIDIA H200"
@@ -234,7 +241,9 @@ def test_the_report_tables_the_vit_attention_and_names_the_fastest_within_bounds
     assert rows[0]["ms"] == {"stock FLASH_ATTN": 200.0, "plugin vllm": 150.0,
                              "plugin cudnn": 170.0, "vllm TORCH_SDPA": 280.0}  # fmt: skip
     text = (out / f"{given['stem']}.md").read_text()
-    assert "| blocks | 8 | 10144 | 300.00 | 36.00 | 20.00 ! | 230.00 | plugin vllm |" in text
+    assert "| blocks | 8 | 10144 | 300.00 | 36.00 (7.5) | 20.00 ! | 230.00 | plugin vllm |" in text
+    assert "| pages | 8 | 40320 | 200.00 | 150.00 | 170.00 | 280.00 | plugin vllm |" in text
+    assert "the plugin's rotary: the plugin's fused" in text
 
 
 def gauges_file(path: Path, allocated: float, max_allocated: float, max_reserved: float) -> None:
