@@ -80,6 +80,7 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
         summary["layout_service_alone_from"] = earlier["raw"]
     if vit:
         summary["vit_attention"] = attention(vit)
+        summary["vit_fused_rotary"] = vit.get("fused_rotary")  # which rotary the plugin ran
     return {"summary": summary, "figures": figures, "alone": alone}
 
 
@@ -125,7 +126,7 @@ def attention(vit: dict[str, Any]) -> list[dict[str, Any]]:
         good = {name: ms for name, ms in lines.items() if name not in bad}
         rows.append({"kind": batch.get("kind", "mixed"), "images": batch["images"],
                      "patches": batch["patches"], "ms": lines, "max_abs": apart,
-                     "fused_rotary": vit.get("fused_rotary"), "out_of_bounds": sorted(bad),
+                     "out_of_bounds": sorted(bad),
                      "fastest": min(good, key=good.__getitem__)})  # fmt: skip
     return rows
 
@@ -192,7 +193,8 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
     rows = summary.get("vit_attention") or []
     if rows:
         names = list(rows[0]["ms"])
-        rotary = {True: "the plugin's fused", False: "vLLM's fp32"}.get(rows[0].get("fused_rotary"))
+        fused = summary.get("vit_fused_rotary")
+        rotary = {True: "the plugin's fused", False: "vLLM's fp32"}.get(fused)
         lines += ["", "## The vision tower's attention (ms per batch, bench.gpu.encoder_check)", "",
                   "(d) after a time: the largest absolute difference from the stock's embeddings, "
                   "where not 0" + (f"; the plugin's rotary: {rotary}" if rotary else "") + ".", "",

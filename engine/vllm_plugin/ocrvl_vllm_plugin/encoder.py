@@ -165,13 +165,16 @@ class PackedEncoder:
         encoder = self.vision.encoder
         longest = max(max(h, w) for _, h, w in packing.grids)
         angles = encoder.rotary_pos_emb(longest)[torch.stack([rows, cols], dim=-1)].flatten(1)
-        max_seqlen = None
-        if encoder.attn_backend in MAX_SEQLEN_BACKENDS:
-            # on the host: the kernels' .item() then reads no device memory (no sync per layer)
-            max_seqlen = torch.tensor(packing.max_seqlen, dtype=torch.int32)
         lengths = tuple(t * h * w for t, h, w in packing.grids)
         return Layers(pixels, torch.cat(tables), cu_seqlens, angles.cos(), angles.sin(), merged,
-                      angles, max_seqlen, lengths)  # fmt: skip
+                      angles, self.max_seqlen(packing.max_seqlen), lengths)  # fmt: skip
+
+    def max_seqlen(self, longest: int) -> torch.Tensor | None:
+        """The longest image's patches for the backends whose kernels take it, None for the
+        others; on the host, so the kernels' .item() reads no device memory (no sync a layer)."""
+        if self.vision.encoder.attn_backend not in MAX_SEQLEN_BACKENDS:
+            return None
+        return torch.tensor(longest, dtype=torch.int32)
 
     def run(self, shared: Layers) -> torch.Tensor:
         """(tokens of every image, text hidden size): the input norm, the patch embedding plus

@@ -145,8 +145,6 @@ def replay(encoder: PackedEncoder, mm_kwargs: dict[str, Any]) -> EncoderCudaGrap
 def forward(encoder: PackedEncoder, values: dict[str, torch.Tensor]) -> torch.Tensor:
     """`PackedEncoder.run` over the buffers, as the graph records it: the longest image taken as
     all of them (the varlen kernels size their grid by it; a replay's are shorter)."""
-    max_seqlen = None
-    if encoder.vision.encoder.attn_backend in MAX_SEQLEN_BACKENDS:
-        max_seqlen = torch.tensor(len(values["pixels"]), dtype=torch.int32)  # on the host
+    max_seqlen = encoder.max_seqlen(len(values["pixels"]))
     layers = Layers(**{key: values[key] for key in BUFFERS}, max_seqlen=max_seqlen)
     return encoder.run(layers)
