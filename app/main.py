@@ -110,6 +110,7 @@ def watched_scheduler(
         enabled=settings.admission == "on",
         queue_size=settings.queue_size,
         queue_timeout=settings.queue_timeout,
+        headroom=settings.sequence_headroom,
     )
     stack.callback(metrics.registry.unregister, metrics.watch_backends(scheduler.readings))
     return scheduler

@@ -132,6 +132,14 @@ class Settings(BaseSettings):
         description="Seconds a request may wait for a slot before a 503; a request whose "
         "expected wait (queue ahead / the backends' drain rate) is longer is shed at once.",
     )
+    sequence_headroom: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Sequences an engine may have in flight past its max-num-seqs, as a share "
+        "of it: vLLM's API servers hold each request a while outside the engine's seats (image "
+        "preprocessing, streaming), and vLLM queues what is over (docs/admission.md).",
+    )
     metrics_interval: float = Field(
         default=1.0,
         gt=0,

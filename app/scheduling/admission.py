@@ -71,11 +71,13 @@ class Scheduler:
         enabled: bool,
         queue_size: int,
         queue_timeout: float,
+        headroom: float = 0.0,
     ) -> None:
         self.pool = pool
         self.enabled = enabled
         self.queue_size = queue_size
         self.queue_timeout = queue_timeout
+        self.headroom = headroom
         self.queue = FairQueue()
         self._metrics = metrics
         self._router = Router()
@@ -94,10 +96,13 @@ class Scheduler:
         return [b for b in self.pool.healthy() if model in b.models and b.url not in exclude]
 
     def sequences(self, backend: Backend) -> int:
-        """Sequences `backend` decodes at once: the engine's max-num-seqs where it says, else
-        the 256 every profile stays within (never below its capacity in pages)."""
+        """Sequences the gateway has on `backend` at most: the engine's max-num-seqs where it
+        says, else the 256 every profile stays within, plus OCRVL_SEQUENCE_HEADROOM of it for
+        the requests vLLM's API servers hold outside the engine's seats (never below its
+        capacity in pages)."""
         engine = backend.engine.max_num_seqs if backend.engine is not None else None
-        return max(self.capacity(backend), engine or capacity.DEFAULT_CAPACITY)
+        seats = engine or capacity.DEFAULT_CAPACITY
+        return max(self.capacity(backend), seats + int(seats * self.headroom))
 
     def work(self, backend: Backend) -> int:
         """Units of work the gateway has on `backend` now."""
@@ -255,6 +260,7 @@ class Scheduler:
                 {
                     "in_flight": backend.in_flight,
                     "capacity": self.capacity(backend),
+                    "sequences": self.sequences(backend),
                     "healthy": float(backend.healthy),
                     "engine_running": engine.running if engine else -1,
                     "engine_waiting": engine.waiting if engine else -1,

@@ -17,7 +17,8 @@ host, the corpus, the window rules, the variants and the device calls, each a li
     up, ready     `make serve`'s scripts/serve.sh with the plan's profile, the layout service on;
                   once ready, the stand-in layout service (bench.gpu.layout_standin: the corpus's
                   boxes, each page forwarded to the real service first) and a second gateway in
-                  front of the same engines whose layout service is that stand-in
+                  front of the same engines whose layout service is that stand-in (and one more
+                  for each variant that names an `env`, with those settings)
     window I      the I-th window of the variants' A B B A ... order (bench.gpu.load), the
                   gateway's and the engines' /metrics around it: the stage fails (the call stops)
                   when the engines did not read its pages (bench.gpu.reads)
@@ -217,19 +218,38 @@ def up(p: Pass) -> None:
 
 
 def ready(p: Pass) -> None:
-    """The stack, then the stand-in and the layout variant's gateway in front of its engines."""
+    """The stack, then the stand-in and the layout variant's gateway in front of its engines
+    (and each variant's own, `own_gateways`)."""
     p.wait_ready("serve", p.url("gateway") + "/ready", p.host.get("ready_s", 600))
     backends = served_backends()
     python = p.host["python"]
     p.start("standin", [python, "-m", "bench.gpu.layout_standin", "--port",
                         str(p.ports["standin"]), "--forward", p.url("layout")])  # fmt: skip
-    p.start("layout-gateway", [python, "-m", "app.cli", "serve", "--port",
-                               str(p.ports["layout_gateway"])],
-            OCRVL_BACKENDS=backends, OCRVL_BACKEND_API_KEY=BACKEND_KEY, OCRVL_API_KEYS=KEY,
-            OCRVL_LAYOUT_URL=p.url("standin"), OCRVL_LOG_LEVEL="warning",
-            OCRVL_DATA_DIR=str(WORK / "layout-gateway-data"))  # fmt: skip
+    gateways = {"layout-gateway": (p.ports["layout_gateway"], {}), **own_gateways(p)}
+    for name, (port, env) in gateways.items():
+        p.start(name, [python, "-m", "app.cli", "serve", "--port", str(port)],
+                OCRVL_BACKENDS=backends, OCRVL_BACKEND_API_KEY=BACKEND_KEY, OCRVL_API_KEYS=KEY,
+                OCRVL_LAYOUT_URL=p.url("standin"), OCRVL_LOG_LEVEL="warning",
+                OCRVL_DATA_DIR=str(WORK / f"{name}-data"), **env)  # fmt: skip
     p.wait_ready("standin", p.url("standin") + "/ready", 60)
-    p.wait_ready("layout-gateway", p.url("layout_gateway") + "/ready", 120)
+    for name, (port, _) in gateways.items():
+        p.wait_ready(name, f"http://127.0.0.1:{port}/ready", 120)
+
+
+def own_gateways(p: Pass) -> dict[str, tuple[int, dict[str, str]]]:
+    """A variant that names an `env` (its gateway's settings, e.g. OCRVL_SEQUENCE_HEADROOM) has
+    a gateway of its own in front of the same engines, the stand-in its layout service: its
+    port and env by its process name, `gateway-VARIANT`."""
+    named = [v for v in p.plan["variants"] if "env" in v]
+    return {f"gateway-{v['name']}": (p.ports["layout_gateway"] + 1 + n, v["env"])
+            for n, v in enumerate(named)}  # fmt: skip
+
+
+def gateway(p: Pass, variant: dict[str, Any]) -> str:
+    """The URL a variant's load goes to."""
+    if own := own_gateways(p).get(f"gateway-{variant['name']}"):
+        return f"http://127.0.0.1:{own[0]}"
+    return p.url("gateway" if variant["layout"] == "off" else "layout_gateway")
 
 
 def served_backends() -> str:
@@ -265,7 +285,7 @@ def window(p: Pass, index: int) -> None:
     variants = {v["name"]: v for v in p.plan["variants"]}
     turns = method.order(list(variants), p.plan["windows"])
     variant = variants[turns[index]]
-    url = p.url("gateway" if variant["layout"] == "off" else "layout_gateway")
+    url = gateway(p, variant)
     name, engines = f"{index:02d}-{variant['name']}", reads.engines(served_backends())
     cap = room(p, name)
     if cap is None:
@@ -380,7 +400,7 @@ def busiest(raw: str, whole: float) -> list[dict[str, Any]]:
 def down(p: Pass) -> None:
     """SIGTERM to each group `up`, `ready` and `alone` started (serve.sh stops what it
     started), then SIGKILL to what is left of the group 20 s later."""
-    for name in ("layout-gateway", "standin", "serve",
+    for name in ("layout-gateway", *own_gateways(p), "standin", "serve",
                  *(f"layout-{name}" for name in p.plan["alone"]["services"])):  # fmt: skip
         pid_file = WORK / f"{name}.pid"
         if not pid_file.exists():

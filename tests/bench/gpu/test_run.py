@@ -418,3 +418,29 @@ def test_ready_ends_when_the_stack_it_waits_for_has_exited_unreaped(
     finally:
         assert child.wait() == 2
     assert run.gone(child.pid)  # reaped: no such process
+
+
+def test_a_variant_with_its_own_settings_is_loaded_through_its_own_gateway(
+    tmp_path: Path,
+) -> None:
+    """plans/h100-headroom.json alternates two gateway settings on one engine: each variant's
+    `env` gets a gateway of its own (process, port), its windows go there, and the variants that
+    name none keep the stack's gateways."""
+    given = plan("h100-headroom.json")
+    p = run.Pass(given | {"host": given["host"] | {"results": str(tmp_path / "res")}},
+                 tmp_path / "out")  # fmt: skip
+    assert run.own_gateways(p) == {
+        "gateway-layout": (8021, {"OCRVL_SEQUENCE_HEADROOM": "0"}),
+        "gateway-headroom": (8022, {"OCRVL_SEQUENCE_HEADROOM": "0.25"}),
+    }
+    layout, headroom = given["variants"]
+    assert run.gateway(p, headroom) == "http://127.0.0.1:8022"
+    assert run.gateway(p, layout) == "http://127.0.0.1:8021"
+    assert method.order([v["name"] for v in given["variants"]], given["windows"]) == [
+        "layout", "headroom", "headroom", "layout", "layout", "headroom"]  # fmt: skip
+    whole = plan("h100-engines.json")
+    p = run.Pass(whole | {"host": whole["host"] | {"results": str(tmp_path / "res")}},
+                 tmp_path / "out")  # fmt: skip
+    assert run.own_gateways(p) == {}
+    assert [run.gateway(p, v) for v in whole["variants"][:2]] == [
+        "http://127.0.0.1:8000", "http://127.0.0.1:8020"]  # fmt: skip
