@@ -110,7 +110,6 @@ def watched_scheduler(
         enabled=settings.admission == "on",
         queue_size=settings.queue_size,
         queue_timeout=settings.queue_timeout,
-        headroom=settings.sequence_headroom,
     )
     stack.callback(metrics.registry.unregister, metrics.watch_backends(scheduler.readings))
     return scheduler
@@ -144,6 +143,7 @@ def relay_for(
         request_timeout=settings.request_timeout,
         max_pixels=settings.max_pixels,
         metering=metering,
+        stream_interval=settings.engine_stream_interval,
     )
 
 

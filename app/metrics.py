@@ -13,8 +13,8 @@ QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 
 BACKEND_GAUGES = {
     "in_flight": "Requests the gateway has on the backend now.",
     "capacity": "Pages the backend serves at once (OCRVL_BACKENDS ;capacity=N, else learnt).",
-    "sequences": "Sequences the gateway has on the backend at most (its engine's max-num-seqs "
-    "plus OCRVL_SEQUENCE_HEADROOM).",
+    "sequences": "Sequences the gateway has on the backend at most (its engine's max-num-seqs, "
+    "else 256; never below its capacity).",
     "healthy": "1 while the backend answered its last probe.",
     "engine_running": "vllm:num_requests_running at the last /metrics scrape (-1: unread).",
     "engine_waiting": "vllm:num_requests_waiting at the last /metrics scrape (-1: unread).",

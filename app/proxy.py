@@ -53,6 +53,7 @@ class Relay:
         request_timeout: float,
         max_pixels: int,
         metering: bool = True,
+        stream_interval: int = 1,
     ) -> None:
         self._upstream = upstream
         self._pool = pool
@@ -61,6 +62,7 @@ class Relay:
         self._timeout = request_timeout
         self._max_pixels = max_pixels
         self._metering = metering  # read each answer's usage (app/usage); off: OCRVL_USAGE=off
+        self.stream_interval = stream_interval  # tokens an event of the gateway's own streams
 
     async def complete(
         self, chat: ChatRequest, served: str, context: RequestContext, receive: Receive

@@ -132,13 +132,13 @@ class Settings(BaseSettings):
         description="Seconds a request may wait for a slot before a 503; a request whose "
         "expected wait (queue ahead / the backends' drain rate) is longer is shed at once.",
     )
-    sequence_headroom: float = Field(
-        default=0.0,
-        ge=0,
-        le=1,
-        description="Sequences an engine may have in flight past its max-num-seqs, as a share "
-        "of it: vLLM's API servers hold each request a while outside the engine's seats (image "
-        "preprocessing, streaming), and vLLM queues what is over (docs/admission.md).",
+    engine_stream_interval: int = Field(
+        default=8,
+        ge=1,
+        description="Tokens in each event of the streams the gateway reads itself (a document's "
+        "pages and blocks, a guarded chat answered whole): vLLM's `stream_interval`, so its API "
+        "servers and the gateway handle an event per that many tokens instead of one per token. "
+        "A client's own stream always comes token by token.",
     )
     metrics_interval: float = Field(
         default=1.0,

@@ -55,6 +55,7 @@ async def test_chat_is_relayed_unchanged_unless_the_header_asks(fake: FakeVLLM) 
     assert answer["loop"]["unit"] == len("lorem ipsum ")
     assert answer["usage"]["completion_tokens"] == answer["loop"]["tokens"]
     assert fake.bodies[1]["stream"] is True
+    assert fake.bodies[1]["stream_interval"] == 8  # the gateway reads it: an event by 8 tokens
 
 
 async def test_a_streamed_chat_ends_with_the_repetition_event(fake: FakeVLLM) -> None:
@@ -74,6 +75,7 @@ async def test_a_streamed_chat_ends_with_the_repetition_event(fake: FakeVLLM) ->
     deltas = [e for e in got[:-3] if e["choices"]]
     assert all("usage" not in e for e in deltas)
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in deltas)
+    assert "stream_interval" not in fake.bodies[1]  # the client's stream: token by token
     assert LOOPING.startswith(text)  # what the engine had sent by the stop (the fake sends
     # its events at once; tests/real/test_loop_guard.py bounds the text on a real engine)
 

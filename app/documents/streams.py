@@ -103,7 +103,10 @@ async def answer(
         response = await relay.complete(chat, context.served_model or chat.model, context, receive)
         return whole(Reply(*read_block(bytes(response.body))))
     limit = max_tokens(chat.payload)
-    first = await _watched(relay, streamed(chat.payload, {}, chat), context, receive, label)
+    interval = relay.stream_interval  # the gateway reads this stream itself: events by N tokens
+    first = await _watched(
+        relay, streamed(chat.payload, {}, chat, interval), context, receive, label
+    )
     if first.loop is None or mode != "retry":
         return whole(first)
     room = 2 * _useful_tokens(first) + RETRY_ROOM  # its useful length twice, and some
@@ -111,7 +114,9 @@ async def answer(
         "repetition_penalty": max(RETRY_PENALTY, float(chat.payload.get("repetition_penalty", 1))),
         "max_completion_tokens": min(limit, room) if limit else room,
     }
-    again = await _watched(relay, streamed(chat.payload, retry, chat), context, receive, label)
+    again = await _watched(
+        relay, streamed(chat.payload, retry, chat, interval), context, receive, label
+    )
     usage = _summed(first.usage, again.usage)
     if again.loop is None:
         return whole(
@@ -168,10 +173,15 @@ def ended(
     return Reply(watch.loop.cut(answer.text), STOPPED, answer.usage, loop, len(answer.text))
 
 
-def streamed(payload: dict[str, Any], changes: dict[str, Any], chat: ChatRequest) -> ChatRequest:
+def streamed(
+    payload: dict[str, Any], changes: dict[str, Any], chat: ChatRequest, interval: int = 1
+) -> ChatRequest:
     """`payload` as a stream asking for usage on every chunk, with `changes` (a chat request's
-    inline images stay where they are in its raw body: `ChatRequest.encode`)."""
+    inline images stay where they are in its raw body: `ChatRequest.encode`); `interval` > 1:
+    vLLM's `stream_interval`, an event every that many tokens (the first and last at once)."""
     body = {**payload, **changes, "stream": True, "stream_options": USAGE}
+    if interval > 1:
+        body["stream_interval"] = interval
     if "max_completion_tokens" in changes:
         body.pop("max_tokens", None)
     return ChatRequest(

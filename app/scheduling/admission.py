@@ -71,13 +71,11 @@ class Scheduler:
         enabled: bool,
         queue_size: int,
         queue_timeout: float,
-        headroom: float = 0.0,
     ) -> None:
         self.pool = pool
         self.enabled = enabled
         self.queue_size = queue_size
         self.queue_timeout = queue_timeout
-        self.headroom = headroom
         self.queue = FairQueue()
         self._metrics = metrics
         self._router = Router()
@@ -96,13 +94,10 @@ class Scheduler:
         return [b for b in self.pool.healthy() if model in b.models and b.url not in exclude]
 
     def sequences(self, backend: Backend) -> int:
-        """Sequences the gateway has on `backend` at most: the engine's max-num-seqs where it
-        says, else the 256 every profile stays within, plus OCRVL_SEQUENCE_HEADROOM of it for
-        the requests vLLM's API servers hold outside the engine's seats (never below its
-        capacity in pages)."""
+        """Sequences `backend` decodes at once: the engine's max-num-seqs where it says, else
+        the 256 every profile stays within (never below its capacity in pages)."""
         engine = backend.engine.max_num_seqs if backend.engine is not None else None
-        seats = engine or capacity.DEFAULT_CAPACITY
-        return max(self.capacity(backend), seats + int(seats * self.headroom))
+        return max(self.capacity(backend), engine or capacity.DEFAULT_CAPACITY)
 
     def work(self, backend: Backend) -> int:
         """Units of work the gateway has on `backend` now."""

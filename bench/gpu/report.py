@@ -55,6 +55,9 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
                                       not any(r["fault"] for r in engine_reads))  # fmt: skip
             figures[v["name"]] = figure
         variants[-1]["engine_reads"] = engine_reads
+        if windows:  # each window's busiest processes (`window`'s NN-VARIANT.cpu.json)
+            figures[v["name"]]["cpu"] = [json.loads(f.read_text()) for f in (
+                path.with_suffix(".cpu.json") for path in names) if f.exists()]  # fmt: skip
     settings = plan["alone"]["services"]
     by_setting = {name: sorted(res.glob(f"alone-[0-9][0-9]-{name}.json")) for name in settings}
     alone = {name: method.median([json.loads(f.read_text()) for f in files])
@@ -171,6 +174,11 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
                       + f"every window flat: {figure['all_flat']}, steady: "
                       f"{figure['all_steady']}, every answer 200: {figure['all_200']}, "
                       f"the engines read every page: {figure['engines_read']}."]  # fmt: skip
+        for number, cpu in enumerate((figure or {}).get("cpu", [])):
+            made = cpu["generated_tokens"] or math.nan
+            each = [f"{process(n)} {1000 * t / made:.2f}" for t, n in cpu["cpu_s"][:4]]
+            lines.append(f"{'' if number else chr(10)}CPU ms a generated token, window {number}'s "
+                         f"busiest processes: {'; '.join(each)}.  ")  # fmt: skip
         lines.append("")
     if summary.get("layout_service_alone_from"):
         lines.append(
@@ -210,6 +218,12 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
             lines += ["", "! out of bounds: its embeddings differ from the stock's by more than "
                       "bfloat16's own rounding."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def process(name: str) -> str:
+    """`PID COMMAND LINE` (run.cpu_seconds) shortened: no pid, the program's folder left out."""
+    words = name.split()[1:] or ["?"]
+    return " ".join([Path(words[0]).name, *words[1:]])[:48]
 
 
 def measured(variant: dict[str, Any]) -> bool:

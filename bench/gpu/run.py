@@ -20,8 +20,8 @@ host, the corpus, the window rules, the variants and the device calls, each a li
                   front of the same engines whose layout service is that stand-in (and one more
                   for each variant that names an `env`, with those settings)
     window I      the I-th window of the variants' A B B A ... order (bench.gpu.load), the
-                  gateway's and the engines' /metrics around it: the stage fails (the call stops)
-                  when the engines did not read its pages (bench.gpu.reads)
+                  /metrics and every process's CPU seconds around it (NN-VARIANT.cpu.json): the
+                  stage fails (the call stops) when the engines did not read it (bench.gpu.reads)
     vit           the vision tower's attention (issue 50 item 3): bench.gpu.encoder_check with
                   the plan's `vit` options, the plugin's modes and vLLM's backends timed and checked
                   on the idle GPU, into RES/vit-attention.json
@@ -151,6 +151,7 @@ PIP = ["python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no
        "--no-build-isolation", "--target", "/tmp/site032"]  # fmt: skip  # noqa: S108
 # py-spy into a folder of its own: pip --target keeps a bin/ it finds (vLLM's install made one)
 PY_SPY = "/tmp/pyspy/bin/py-spy"  # noqa: S108
+TICKS = os.sysconf("SC_CLK_TCK")  # /proc's CPU times are in these
 
 
 def install(p: Pass) -> None:
@@ -290,10 +291,16 @@ def window(p: Pass, index: int) -> None:
     cap = room(p, name)
     if cap is None:
         return
-    before = reads.snapshot(url, engines, p.url("layout"))
+    before, cpu = reads.snapshot(url, engines, p.url("layout")), cpu_seconds()
     p.run(load(p, name, url, cap, variant["concurrency"], "--api", "ocr", "--layout",
                variant["layout"]))  # fmt: skip
-    after = reads.snapshot(url, engines, p.url("layout"))
+    after, spent = reads.snapshot(url, engines, p.url("layout")), cpu_seconds()
+    made = sum(reads.total(text, "vllm:generation_tokens")  # the engines' tokens, the CPU's
+               - reads.total(before["engines"].get(url, ""), "vllm:generation_tokens")
+               for url, text in after["engines"].items())  # fmt: skip
+    used = {"generated_tokens": made, "cpu_s": sorted(
+        ((round(spent[k] - cpu.get(k, 0), 2), k) for k in spent), reverse=True)[:16]}  # fmt: skip
+    (p.res / f"{name}.cpu.json").write_text(json.dumps(used, indent=1) + "\n")
     (p.res / f"{name}.metrics.json").write_text(json.dumps({"before": before, "after": after}))
     found = reads.check(before, after, p.res / f"{name}.requests.csv")
     report = p.res / f"{name}.json"  # the report reads them beside the window's figures
@@ -302,6 +309,20 @@ def window(p: Pass, index: int) -> None:
     print(f"{name}: {found}", flush=True)
     if found["fault"]:
         raise RuntimeError(f"{name} did not measure the engines: {found['fault']}")
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) each process of the host has used, by `PID COMMAND LINE`:
+    beside a window, what else kept the cores busy (the engine's own process among them)."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            line = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ")[:120].decode()
+        except (OSError, IndexError, UnicodeDecodeError):
+            continue  # ended meanwhile
+        found[f"{stat.parent.name} {line}"] = (int(fields[11]) + int(fields[12])) / TICKS
+    return found
 
 
 def alone(p: Pass, index: int) -> None:

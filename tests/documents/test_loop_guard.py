@@ -101,6 +101,22 @@ async def test_a_looping_block_is_stopped_cut_flagged_and_counted(
     assert "lorem" not in str(line)
 
 
+@pytest.mark.parametrize("interval", [8, 1])
+async def test_a_blocks_stream_asks_the_engine_for_an_event_every_n_tokens(interval: int) -> None:
+    """The gateway reads a block's stream itself, so it asks vLLM for an event every
+    OCRVL_ENGINE_STREAM_INTERVAL tokens (8 by default: `stream_interval`); 1 leaves it out."""
+    with (
+        serving(FakeLoopingVLLM()) as fake,
+        serving(LayoutStandin(boxes=lambda w, h, n: BOXES[1:])) as layout,
+    ):
+        async with gateway(fake, layout, engine_stream_interval=interval) as client:
+            response = await client.post("/v1/ocr", files=upload())
+    assert response.status_code == 200, response.text
+    (body,) = fake.bodies
+    assert body["stream"] is True
+    assert body.get("stream_interval") == (interval if interval > 1 else None)
+
+
 @pytest.mark.parametrize("stubborn", [False, True], ids=["retry-kept", "retry-loops-too"])
 async def test_loops_retry_asks_once_more_with_a_penalty(stubborn: bool) -> None:
     """loops=retry: the stopped block is asked again with repetition_penalty and a smaller

@@ -19,6 +19,7 @@ GUARD = {"x-ocrvl-loop-guard": "on"}
 # the guard looks every CHECK_EVERY characters; vLLM may decode a few tokens more before the
 # gateway's close reaches it and it aborts the request
 SLACK = loops.CHECK_EVERY + 32
+STREAM_INTERVAL = 8  # OCRVL_ENGINE_STREAM_INTERVAL's default: the unstreamed answer's events
 
 
 def body(vllm: VLLMServer, max_tokens: int, **extra: object) -> dict[str, object]:
@@ -57,7 +58,8 @@ async def test_a_request_forced_to_loop_is_stopped_within_the_window(
 ) -> None:
     """logit_bias pins `…`: with the guard on the answer stops at the guard's window (640
     characters of `…`, one token each), finish_reason "repetition", the text cut to one `…`;
-    vLLM generated no more than the window, not the request's 3,000 tokens."""
+    vLLM generated no more than the window, not the request's 3,000 tokens. The gateway read
+    the answer as a stream of events of 8 tokens (`stream_interval`), and vLLM sent them so."""
     window = loops.TEXT.need(1)
     before = await generated(vllm_server)
     forced = body(vllm_server, 3000, logit_bias={str(ELLIPSIS): 100}, ignore_eos=True)
@@ -71,6 +73,7 @@ async def test_a_request_forced_to_loop_is_stopped_within_the_window(
     spent = answer["usage"]["completion_tokens"]
     assert window <= spent <= window + loops.CHECK_EVERY
     assert answer["loop"]["tokens"] == spent
+    assert spent % STREAM_INTERVAL == 1  # vLLM's events: the first token, then 8 at a time
     after = await generated(vllm_server)
     print(f"window {window}, answer's tokens {spent}, vLLM generated {after - before:g}")
     assert after - before <= window + SLACK  # vLLM's own count: not the 3,000 asked for

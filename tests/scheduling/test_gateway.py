@@ -50,17 +50,12 @@ async def test_overload_is_a_fast_openai_503_with_retry_after(fake: FakeVLLM, st
     assert metric(metrics, "ocrvl_backend_capacity", backend=fake.url) == 1
 
 
-async def test_the_sequence_headroom_comes_from_the_environment_and_is_exported(
-    fake: FakeVLLM, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """OCRVL_SEQUENCE_HEADROOM=0.25 over an engine that says no max-num-seqs (vLLM 0.32): the
-    gateway keeps up to 256 + 64 sequences on it, and /metrics says so; unset, 256."""
-    for value, sequences in (("0.25", 320), (None, 256)):
-        if value is None:
-            monkeypatch.delenv("OCRVL_SEQUENCE_HEADROOM")
-        else:
-            monkeypatch.setenv("OCRVL_SEQUENCE_HEADROOM", value)
-        async with lifespan_client(create_app(settings_for(fake.url)), headers=AUTH) as client:
+async def test_the_sequences_the_gateway_keeps_on_a_backend_are_exported(fake: FakeVLLM) -> None:
+    """An engine that says no max-num-seqs (vLLM 0.32): the gateway keeps at most the 256 every
+    profile stays within on it, or its capacity where that is more, and /metrics says which."""
+    for given, sequences in (("", 256), (";capacity=300", 300)):
+        settings = settings_for(fake.url + given)
+        async with lifespan_client(create_app(settings), headers=AUTH) as client:
             metrics = (await client.get("/metrics")).text
         assert metric(metrics, "ocrvl_backend_sequences", backend=fake.url) == sequences
 

@@ -68,25 +68,6 @@ async def test_the_engines_sequence_limit_caps_small_requests(pool: BackendPool)
     fifth.cancel()
 
 
-async def test_the_sequence_headroom_keeps_that_share_more_in_flight(pool: BackendPool) -> None:
-    """OCRVL_SEQUENCE_HEADROOM=0.25 over an engine of 8 seats: 10 small blocks in flight (vLLM
-    queues the 2 over its seats while its API servers hold others), the eleventh waits; with no
-    reading the 256 every profile stays within grows to 320."""
-    seats = EngineLoad(0, 0, 0.0, None, None, 8, time.monotonic())
-    pool.backends = [backend("http://a", capacity=2, engine=seats)]  # 2,560 units: 10 x 10 fit
-    scheduler = scheduler_for(pool, headroom=0.25)
-    assert scheduler.sequences(pool.backends[0]) == 10
-    for _ in range(10):
-        assert await scheduler.acquire(MODEL, "k", work=Work(10)) is not None
-    eleventh = asyncio.create_task(scheduler.acquire(MODEL, "k", work=Work(10)))
-    await asyncio.sleep(0)
-    assert not eleventh.done()
-    eleventh.cancel()
-    pool.backends[0].engine = None
-    assert scheduler.sequences(pool.backends[0]) == 320
-    assert scheduler_for(pool).sequences(pool.backends[0]) == 256  # off by default
-
-
 async def test_job_blocks_hold_at_most_half_of_the_capacity_in_work(pool: BackendPool) -> None:
     """The background lane's half share counts work: capacity 2 pages leaves job blocks 1,280
     units, so 8 blocks of 176 run (7 x 176 = 1,232 under it) and the ninth waits."""

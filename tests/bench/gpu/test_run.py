@@ -444,3 +444,40 @@ def test_a_variant_with_its_own_settings_is_loaded_through_its_own_gateway(
     assert run.own_gateways(p) == {}
     assert [run.gateway(p, v) for v in whole["variants"][:2]] == [
         "http://127.0.0.1:8000", "http://127.0.0.1:8020"]  # fmt: skip
+
+
+def test_a_window_records_the_cpu_each_process_used_and_the_report_puts_it_per_token(
+    tmp_path: Path,
+) -> None:
+    """`cpu_seconds` finds a busy child by its command line with the CPU it spent (user +
+    system, from /proc); a window's NN-VARIANT.cpu.json (the busiest processes, the engines'
+    generated tokens) becomes the report's CPU milliseconds a token, the pid and the program's
+    folder left out."""
+    code = (
+        "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
+        "print('spent', flush=True)\nsys.stdin.read()"
+    )  # busy 0.5 s, then waits for us
+    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as busy:  # fmt: skip
+        assert busy.stdout is not None
+        assert busy.stdout.readline() == "spent\n"
+        found = run.cpu_seconds()
+        assert busy.stdin is not None
+        busy.stdin.close()
+    (name,) = [name for name in found if name.startswith(f"{busy.pid} ")]
+    assert "process_time" in name
+    assert 0.4 <= found[name] < 30  # /proc counts in clock ticks, sampled: a little under 0.5
+    given = plan("cpu-stream-interval.json")
+    res, out = tmp_path / "res", tmp_path / "out"
+    res.mkdir()
+    window_file(res, "00-interval-1", 8)
+    spent = [[5.0, "41 VLLM::EngineCore"], [2.0, "42 /v/bin/python -m app.cli serve --port 8021"]]
+    (res / "00-interval-1.cpu.json").write_text(json.dumps({"generated_tokens": 1000,
+                                                            "cpu_s": spent}))  # fmt: skip
+    report.write(given, res, out)
+    text = (out / f"{given['stem']}.md").read_text()
+    assert (
+        "CPU ms a generated token, window 0's busiest processes: VLLM::EngineCore 5.00; "
+        "python -m app.cli serve --port 8021 2.00."
+    ) in text
+    assert "## interval-8: no window in this pass" in text
