@@ -238,7 +238,7 @@ def ready(p: Pass) -> None:
 
 
 def own_gateways(p: Pass) -> dict[str, tuple[int, dict[str, str]]]:
-    """A variant that names an `env` (its gateway's settings, e.g. OCRVL_SEQUENCE_HEADROOM) has
+    """A variant that names an `env` (its gateway's settings: OCRVL_ENGINE_STREAM_INTERVAL) has
     a gateway of its own in front of the same engines, the stand-in its layout service: its
     port and env by its process name, `gateway-VARIANT`."""
     named = [v for v in p.plan["variants"] if "env" in v]
@@ -296,8 +296,8 @@ def window(p: Pass, index: int) -> None:
                variant["layout"]))  # fmt: skip
     after, spent = reads.snapshot(url, engines, p.url("layout")), cpu_seconds()
     made = sum(reads.total(text, "vllm:generation_tokens")  # the engines' tokens, the CPU's
-               - reads.total(before["engines"].get(url, ""), "vllm:generation_tokens")
-               for url, text in after["engines"].items())  # fmt: skip
+               - reads.total(before["engines"].get(engine, ""), "vllm:generation_tokens")
+               for engine, text in after["engines"].items())  # fmt: skip
     used = {"generated_tokens": made, "cpu_s": sorted(
         ((round(spent[k] - cpu.get(k, 0), 2), k) for k in spent), reverse=True)[:16]}  # fmt: skip
     (p.res / f"{name}.cpu.json").write_text(json.dumps(used, indent=1) + "\n")
