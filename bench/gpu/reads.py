@@ -47,17 +47,18 @@ def total(text: str, counter: str, **labels: str) -> float:
                and labels.items() <= sample.labels.items())  # fmt: skip
 
 
+def engines_moved(before: dict[str, Any], after: dict[str, Any], name: str, **labels: str) -> float:
+    """How far the engines' counter `name` moved between two snapshots, all engines together."""
+    return sum(total(text, name, **labels) - total(before["engines"].get(url, ""), name, **labels)
+               for url, text in after["engines"].items())  # fmt: skip
+
+
 def counts(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
     """What the engines finished and the results cache answered between two snapshots."""
-
-    def engines_moved(**labels: str) -> float:
-        return sum(total(text, COMPLETIONS, **labels)
-                   - total(before["engines"].get(url, ""), COMPLETIONS, **labels)
-                   for url, text in after["engines"].items())  # fmt: skip
-
-    aborts = round(engines_moved(finished_reason="abort"))
+    finished = engines_moved(before, after, COMPLETIONS)
+    aborts = round(engines_moved(before, after, COMPLETIONS, finished_reason="abort"))
     hits = total(after["gateway"], CACHE_HITS) - total(before["gateway"], CACHE_HITS)
-    return {"engine_completions": round(engines_moved()) - aborts, "engine_aborts": aborts,
+    return {"engine_completions": round(finished) - aborts, "engine_aborts": aborts,
             "cache_hits": round(hits)}  # fmt: skip
 
 

@@ -174,11 +174,13 @@ def markdown(plan: dict[str, Any], parts: dict[str, Any]) -> str:
                       + f"every window flat: {figure['all_flat']}, steady: "
                       f"{figure['all_steady']}, every answer 200: {figure['all_200']}, "
                       f"the engines read every page: {figure['engines_read']}."]  # fmt: skip
-        for number, cpu in enumerate((figure or {}).get("cpu", [])):
-            made = cpu["generated_tokens"] or math.nan
-            each = [f"{process(n)} {1000 * t / made:.2f}" for t, n in cpu["cpu_s"][:4]]
-            lines.append(f"{'' if number else chr(10)}CPU ms a generated token, window {number}'s "
-                         f"busiest processes: {'; '.join(each)}.  ")  # fmt: skip
+        cpu = (figure or {}).get("cpu", [])
+        lines += [""] if cpu else []
+        for number, used in enumerate(cpu):
+            made = used["generated_tokens"] or math.nan
+            each = [f"{process(n)} {1000 * t / made:.2f}" for t, n in used["cpu_s"][:4]]
+            lines.append(f"CPU ms a generated token, window {number}'s busiest processes: "
+                         f"{'; '.join(each)}.  ")  # fmt: skip
         lines.append("")
     if summary.get("layout_service_alone_from"):
         lines.append(

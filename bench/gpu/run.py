@@ -295,9 +295,7 @@ def window(p: Pass, index: int) -> None:
     p.run(load(p, name, url, cap, variant["concurrency"], "--api", "ocr", "--layout",
                variant["layout"]))  # fmt: skip
     after, spent = reads.snapshot(url, engines, p.url("layout")), cpu_seconds()
-    made = sum(reads.total(text, "vllm:generation_tokens")  # the engines' tokens, the CPU's
-               - reads.total(before["engines"].get(engine, ""), "vllm:generation_tokens")
-               for engine, text in after["engines"].items())  # fmt: skip
+    made = reads.engines_moved(before, after, "vllm:generation_tokens")  # what the CPU bought
     used = {"generated_tokens": made, "cpu_s": sorted(
         ((round(spent[k] - cpu.get(k, 0), 2), k) for k in spent), reverse=True)[:16]}  # fmt: skip
     (p.res / f"{name}.cpu.json").write_text(json.dumps(used, indent=1) + "\n")
