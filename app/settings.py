@@ -133,12 +133,13 @@ class Settings(BaseSettings):
         "expected wait (queue ahead / the backends' drain rate) is longer is shed at once.",
     )
     engine_stream_interval: int = Field(
-        default=8,
+        default=1,
         ge=1,
         description="Tokens in each event of the streams the gateway reads itself (a document's "
         "pages and blocks, a guarded chat answered whole): vLLM's `stream_interval`, so its API "
-        "servers and the gateway handle an event per that many tokens instead of one per token. "
-        "A client's own stream always comes token by token.",
+        "servers and the gateway handle an event per that many tokens instead of one per token "
+        "(8 eased a CPU host; on an H100 it read fewer pages, docs/benchmarks.md). A client's "
+        "own stream always comes token by token.",
     )
     metrics_interval: float = Field(
         default=1.0,

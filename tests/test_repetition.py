@@ -44,7 +44,8 @@ def events(response: httpx.Response) -> list[Any]:
 
 async def test_chat_is_relayed_unchanged_unless_the_header_asks(fake: FakeVLLM) -> None:
     """Without the header the whole loop comes back as the engine wrote it, unstreamed; with
-    `X-OCRVL-Loop-Guard: on` it is streamed from the engine, stopped and cut."""
+    `X-OCRVL-Loop-Guard: on` it is streamed from the engine (an event a token as it ships, by
+    OCRVL_ENGINE_STREAM_INTERVAL tokens when set), stopped and cut."""
     plain, guarded = await ask(fake, BODY)
     assert plain.json()["choices"][0]["message"]["content"] == LOOPING
     assert "stream" not in fake.bodies[0]
@@ -55,7 +56,10 @@ async def test_chat_is_relayed_unchanged_unless_the_header_asks(fake: FakeVLLM) 
     assert answer["loop"]["unit"] == len("lorem ipsum ")
     assert answer["usage"]["completion_tokens"] == answer["loop"]["tokens"]
     assert fake.bodies[1]["stream"] is True
-    assert fake.bodies[1]["stream_interval"] == 8  # the gateway reads it: an event by 8 tokens
+    assert "stream_interval" not in fake.bodies[1]  # OCRVL_ENGINE_STREAM_INTERVAL's default: 1
+    await ask(fake, BODY, engine_stream_interval=8)
+    assert "stream_interval" not in fake.bodies[2]  # unguarded: relayed as the client sent it
+    assert fake.bodies[3]["stream_interval"] == 8  # the gateway reads it: an event by 8 tokens
 
 
 async def test_a_streamed_chat_ends_with_the_repetition_event(fake: FakeVLLM) -> None:

@@ -104,7 +104,7 @@ async def test_a_looping_block_is_stopped_cut_flagged_and_counted(
 @pytest.mark.parametrize("interval", [8, 1])
 async def test_a_blocks_stream_asks_the_engine_for_an_event_every_n_tokens(interval: int) -> None:
     """The gateway reads a block's stream itself, so it asks vLLM for an event every
-    OCRVL_ENGINE_STREAM_INTERVAL tokens (8 by default: `stream_interval`); 1 leaves it out."""
+    OCRVL_ENGINE_STREAM_INTERVAL tokens (`stream_interval`); 1, the default, leaves it out."""
     with (
         serving(FakeLoopingVLLM()) as fake,
         serving(LayoutStandin(boxes=lambda w, h, n: BOXES[1:])) as layout,

@@ -5,13 +5,14 @@ with the guard on as off."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import httpx
 import orjson
 import pytest
 
 from app.documents import loops
-from tests.conftest import GatewayServer, VLLMServer
+from tests.conftest import GatewayServer, VLLMServer, _stop, start_gateway
 
 pytestmark = [pytest.mark.vllm, pytest.mark.anyio]
 ELLIPSIS = 177  # the tiny model's token for "…" (one character a token)
@@ -19,7 +20,19 @@ GUARD = {"x-ocrvl-loop-guard": "on"}
 # the guard looks every CHECK_EVERY characters; vLLM may decode a few tokens more before the
 # gateway's close reaches it and it aborts the request
 SLACK = loops.CHECK_EVERY + 32
-STREAM_INTERVAL = 8  # OCRVL_ENGINE_STREAM_INTERVAL's default: the unstreamed answer's events
+STREAM_INTERVAL = 8  # the by-8 gateway's OCRVL_ENGINE_STREAM_INTERVAL: its answers' events
+
+
+@pytest.fixture(scope="module")
+def gateway_by_8(
+    vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayServer]:
+    """A real gateway in front of the session's vLLM that asks it for an event every 8 tokens
+    on the streams it reads itself (the default is an event a token)."""
+    server = start_gateway(vllm_server, tmp_path_factory.mktemp("gw-by-8"), ("sk-by-8",),
+                           OCRVL_ENGINE_STREAM_INTERVAL=str(STREAM_INTERVAL))  # fmt: skip
+    yield server
+    _stop(server.process)
 
 
 def body(vllm: VLLMServer, max_tokens: int, **extra: object) -> dict[str, object]:
@@ -53,17 +66,19 @@ async def generated(vllm: VLLMServer) -> float:
     return sum(float(value) for value in found)
 
 
+@pytest.mark.parametrize("by_8", [False, True], ids=["as-shipped", "by-8"])
 async def test_a_request_forced_to_loop_is_stopped_within_the_window(
-    gateway: GatewayServer, vllm_server: VLLMServer
+    gateway: GatewayServer, vllm_server: VLLMServer, by_8: bool, request: pytest.FixtureRequest
 ) -> None:
     """logit_bias pins `…`: with the guard on the answer stops at the guard's window (640
     characters of `…`, one token each), finish_reason "repetition", the text cut to one `…`;
-    vLLM generated no more than the window, not the request's 3,000 tokens. The gateway read
-    the answer as a stream of events of 8 tokens (`stream_interval`), and vLLM sent them so."""
+    vLLM generated no more than the window, not the request's 3,000 tokens. Through the by-8
+    gateway the answer came as events of 8 tokens (`stream_interval`), and vLLM sent them so."""
     window = loops.TEXT.need(1)
+    through = request.getfixturevalue("gateway_by_8") if by_8 else gateway
     before = await generated(vllm_server)
     forced = body(vllm_server, 3000, logit_bias={str(ELLIPSIS): 100}, ignore_eos=True)
-    response = await chat(gateway, forced, GUARD)
+    response = await chat(through, forced, GUARD)
     assert response.status_code == 200, response.text
     answer = response.json()
     choice = answer["choices"][0]
@@ -73,9 +88,11 @@ async def test_a_request_forced_to_loop_is_stopped_within_the_window(
     spent = answer["usage"]["completion_tokens"]
     assert window <= spent <= window + loops.CHECK_EVERY
     assert answer["loop"]["tokens"] == spent
-    assert spent % STREAM_INTERVAL == 1  # vLLM's events: the first token, then 8 at a time
+    if by_8:
+        assert spent % STREAM_INTERVAL == 1  # vLLM's events: the first token, then 8 at a time
     after = await generated(vllm_server)
-    print(f"window {window}, answer's tokens {spent}, vLLM generated {after - before:g}")
+    print(f"by 8 {by_8}: window {window}, answer's tokens {spent}, vLLM generated "
+          f"{after - before:g}")  # fmt: skip
     assert after - before <= window + SLACK  # vLLM's own count: not the 3,000 asked for
 
 
