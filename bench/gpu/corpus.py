@@ -3,18 +3,12 @@
     python -m bench.gpu.corpus work --pages 60 --out work.json   # each page's requests, the floor's
     python -m bench.gpu.corpus page --number 3 --out page.jpg
 
-Seven kinds of document (a report, a memo, a slide, a receipt, a two-column legal page, a card,
-a form),
-each with its own blocks at its own places (2 to 10 of them) and its own aspect ratio, some drawn
-at two sizes; words, numbers, tables and formulas seeded by the page's number, so no two pages
-share their pixels and nothing is committed. Page `n` is kind `n % 7`. Its output length is drawn
-from a log-normal (`Lengths`: median, sigma, clipped), seeded by `n`: a random-weight model never
-stops early, so `max_tokens` is the answer's length; read whole the page gets all of it, read by
-blocks each block its share. `boxes` answers a page's blocks from its aspect ratio alone (which
-every resize keeps), as the layout API gives them (`bench.gpu.layout_standin` serves them: random
-layout weights find no box). `work` lists what `/v1/ocr` sends for each page, visual and output
-tokens per request, read whole and by blocks (the gateway's own pipeline, app/documents/crops.py):
-what `bench.gpu.floor --work` times.
+Page `n` is kind `n % 7` of KINDS (README.md, "Method 2": seven kinds, 2 to 10 blocks each),
+drawn with its words, tables and formulas seeded by `n`, nothing committed; its output length
+from `Lengths` (a random-weight model never stops early: `max_tokens` is the answer's length).
+`boxes` answers a page's blocks from its aspect ratio alone (what `bench.gpu.layout_standin`
+serves); `work` lists what `/v1/ocr` sends for each page, whole and by blocks (as
+app/documents/crops.py cuts them): what `bench.gpu.floor --work` times.
 """
 
 from __future__ import annotations

@@ -5,12 +5,11 @@
 transformers' own `PPDocLayoutV3Config` defaults are the released architecture (HGNetV2-L
 backbone, hybrid encoder, 6-layer deformable decoder, 300 queries, the global-pointer reading
 order head): with the 25 labels of PaddleX's conversion config for `PP-DocLayoutV3` they give
-33,175,165 parameters, the 33.2 M of the real checkpoint
-(tests/bench/gpu/test_layout_checkpoint.py checks both). Saved as transformers saves it
-(config.json, model.safetensors) with the default image processor's config (800x800, what the
-service resizes pages to), so
-`python -m ocrvl_layout --model DIR` loads it as it loads the real
-`PaddlePaddle/PP-DocLayoutV3_safetensors`. Random weights give random boxes: timing only.
+33,175,165 parameters, the 33.2 M of the real checkpoint (tests/bench/gpu/test_layout_checkpoint.py
+checks both). Saved as transformers saves it (config.json, model.safetensors) with the default
+image processor's config (800x800, what the service resizes pages to), so `python -m
+ocrvl_layout --model DIR` loads it as it loads the real `PaddlePaddle/PP-DocLayoutV3_safetensors`.
+Random weights give random boxes: timing only.
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
-"""One method-2 window at one endpoint: a closed loop of the varied corpus, every request kept.
+"""Method 2's load at one endpoint: a closed loop of the varied corpus, every request kept.
 
-    python3 -m bench.gpu.load URL --name NAME --out DIR --api ocr|layout [--layout on|off]
-        --concurrency C [--ramp 10] [--window 120] [--latencies 10] [--bin 10]
+    python3 -m bench.gpu.load URL --name NAME[,NAME2...] --out DIR --api ocr|layout
+        [--layout on|off] --concurrency C [--ramp 10] [--window 120] [--latencies 10] [--bin 10]
         [--max-seconds 330] [--pages 200] [--median 400] [--sigma 0.6] [--key KEY]
 
-`--api ocr`: `POST /v1/ocr` with one page of bench/gpu/corpus.py as a data URL, `layout` on or
-off and `max_tokens` the page's drawn length (read by blocks: each block its share, as
-`corpus.split` says). `--api layout`: the layout service's `POST /v1/layout`, one page a request.
-C clients start evenly over the ramp, each sending its next page when its answer is in; pages
-come in a seeded order. A page sent again must cost what it did the first time: the profiles turn
-vLLM's prefix and multimodal caches off, and every request says `"cache": false`, so the
-gateway's results cache neither answers nor keeps it (the 2026-12-05 H200 pass ran without it and
-measured the cache: bench/results/README.md). An answer marked `cached` all the same is recorded
-as status `cached`, not counted, and fails the window. The window is decided online by
-`bench.gpu.method` and the load then stops (requests still in flight are cancelled and kept as
-such).
-
-Writes DIR/NAME.requests.csv (every request: client, start, end, status, tokens, page; seconds
-from the load's start) and DIR/NAME.json (settings and the window's figures, which
-`python3 -m bench.gpu.load --reread DIR/NAME.requests.csv` recomputes from the CSV).
+`--api ocr`: `POST /v1/ocr`, one corpus page a request as a data URL, `"cache": false`, its
+drawn length as `max_tokens` (by blocks, each block its share: `corpus.split`); `--api layout`:
+the layout service's `POST /v1/layout`. README.md ("Method 2") says why and how. Each NAME is a
+window, decided online by `bench.gpu.method`, the next starting where one ended; after the last
+the load stops (requests in flight are cancelled and kept as such). Writes DIR/NAME.requests.csv
+(every request of the load: client, start, end, status, tokens, page; seconds from its start)
+and DIR/NAME.json (settings and the window's figures; `--reread DIR/NAME.requests.csv`
+recomputes them).
 """
 
 from __future__ import annotations
@@ -77,7 +70,8 @@ class Load:
         self.numbers: list[int] = []  # the page of each record
         self.flying: dict[int, tuple[int, float, int]] = {}  # task id: (client, start, page)
         self.began = time.perf_counter()
-        self.window: tuple[float, float] | None = None
+        self.names = args.name.split(",")  # a window each, one after the other in this load
+        self.windows: list[tuple[float, float]] = []
         self.capped = False
         self.stop = asyncio.Event()
         self.headers = {"content-type": "application/json"}
@@ -128,9 +122,10 @@ class Load:
                 await self.one(http, worker, self.pages[self.order.randrange(len(self.pages))])
 
     async def control(self) -> None:
-        """Look at the records every `--tick` seconds: start the window, end it, stop."""
+        """Look at the records every `--tick` seconds: start the first window, end each (the next
+        starts where it ended), stop after the last or at the cap."""
         args, start = self.args, None
-        while self.window is None:
+        while len(self.windows) < len(self.names) and not self.capped:
             await asyncio.sleep(args.tick)
             now = self.now()
             if start is None:
@@ -141,7 +136,8 @@ class Load:
                                         latencies=args.latencies)  # fmt: skip
             if end is not None or now >= args.max_seconds:
                 self.capped = end is None
-                self.window = (start if start is not None else 0.0, end or now)
+                self.windows.append((start if start is not None else 0.0, end or now))
+                start = end
         self.stop.set()
 
     async def run(self) -> None:
@@ -184,24 +180,28 @@ def figures(args: argparse.Namespace, records: list[method.Record], span: list[f
     return found
 
 
-async def measure(args: argparse.Namespace, corpus_pages: list[Page]) -> dict[str, Any]:
-    """Run one window; its report (also written to OUT/NAME.json beside the CSV)."""
+async def measure(args: argparse.Namespace, corpus_pages: list[Page]) -> list[dict[str, Any]]:
+    """Run the load; each window's report (also written to OUT/NAME.json, the load's CSV beside
+    each as NAME.requests.csv)."""
     args.out.mkdir(parents=True, exist_ok=True)
     load = Load(args, corpus_pages)
     cpu = time.process_time()
     await load.run()
     cpu = time.process_time() - cpu
-    assert load.window is not None  # noqa: S101 (run() returns once control() decided it)
-    write_records(args.out / f"{args.name}.requests.csv", load)
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
-                if k != "key"}  # fmt: skip
-    report = {"tool": "bench.gpu.load", "name": args.name, "settings": settings,
-              "window_rule": "capped by --max-seconds" if load.capped else "met",
-              "requests": len(load.records),  # the client's own CPU over the whole load
-              "client_cpu_s": round(cpu, 2), "client_wall_s": round(load.now(), 2),
-              } | figures(args, load.records, list(load.window), load.capped)  # fmt: skip
-    (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=1) + "\n")
-    return report
+    reports = []
+    for n, (name, span) in enumerate(zip(load.names, load.windows, strict=False)):
+        write_records(args.out / f"{name}.requests.csv", load)
+        capped = load.capped and n == len(load.windows) - 1
+        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                    if k != "key"} | {"name": name}  # fmt: skip
+        report = {"tool": "bench.gpu.load", "name": name, "settings": settings,
+                  "window_rule": "capped by --max-seconds" if capped else "met",
+                  "requests": len(load.records),  # the client's own CPU over the whole load
+                  "client_cpu_s": round(cpu, 2), "client_wall_s": round(load.now(), 2),
+                  } | figures(args, load.records, list(span), capped)  # fmt: skip
+        (args.out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+        reports.append(report)
+    return reports
 
 
 def line(report: dict[str, Any]) -> str:
@@ -218,7 +218,7 @@ def parser() -> argparse.ArgumentParser:
     options.add_argument("url", nargs="?", help="the gateway's (or layout service's) base URL")
     options.add_argument("--api", choices=("ocr", "layout"), default="ocr")
     options.add_argument("--layout", choices=("on", "off"), default="off", help="--api ocr's")
-    options.add_argument("--name", default="window")
+    options.add_argument("--name", default="window", help="NAME[,NAME2...]: windows in a row")
     options.add_argument("--out", type=Path, default=Path("load-out"))
     options.add_argument("--concurrency", type=int, default=64)
     options.add_argument("--ramp", type=float, default=10.0, help="s to start the clients over")
@@ -238,7 +238,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One window; exit 1 when it was not steady, not flat or had errors."""
+    """The load's windows; exit 1 when one was not steady, not flat or had errors (or the cap
+    came before the last)."""
     args = parser().parse_args(argv)
     if args.reread:
         report = json.loads(args.reread.with_suffix("").with_suffix(".json").read_text())
@@ -246,10 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(figures(rules, read_records(args.reread), report["span_s"]), indent=1))
         return 0
     lengths = corpus.Lengths(args.median, args.sigma)
-    report = asyncio.run(measure(args, pages(args.pages, lengths)))
-    print(line(report), flush=True)
-    good = report["steady"] and report["flat"] and set(report["statuses"]) <= {"200"}
-    return 0 if good else 1
+    reports = asyncio.run(measure(args, pages(args.pages, lengths)))
+    print("\n".join(map(line, reports)), flush=True)
+    good = [r["steady"] and r["flat"] and set(r["statuses"]) <= {"200"} for r in reports]
+    return 0 if len(good) == len(args.name.split(",")) and all(good) else 1
 
 
 if __name__ == "__main__":

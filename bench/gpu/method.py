@@ -1,19 +1,7 @@
-"""Method 2 of the GPU passes (issue 50): windows, flatness, the figure, the summary. Pure.
-
-- **Load.** A closed loop of C clients started evenly over a ramp, each sending its next page of
-  the varied corpus (bench/gpu/corpus.py: several sizes and block counts, output lengths drawn
-  from a distribution) when its answer is in, so no two requests move in step.
-- **A window** starts once the ramp is over and every client has had one answer, and ends once
-  it has lasted `window` seconds and `latencies` mean latencies of its own answers.
-- **Flat.** The window's answers counted in `bin_s`-second bins (whole bins only): their
-  coefficient of variation (population standard deviation over the mean) is `bins_cv`; a window
-  is flat at `bins_cv` <= FLAT_CV.
-- **Pages/s, two ways.** By count: answers ended inside the window (start, end] over its
-  seconds. By latency (Little's law): the mean number in flight over the window (every
-  request's span, those still running at its end included) over the mean latency of its
-  answers.
-- **Order.** Variants interleaved A B B A A B ... (`order`); each has >= 3 windows.
-- **The figure** of a variant is its median window by count (`median`), its spread beside it.
+"""Method 2 of the GPU passes (issue 50), pure: when a window starts and ends, its flatness
+(bins' coefficient of variation), pages/s by count and by latency (Little's law), the A B B A
+order, a variant's median window and the summary's shape. The rules in words, once: README.md,
+"Method 2".
 """
 
 from __future__ import annotations
@@ -30,13 +18,9 @@ LATENCIES = 10.0  # ... and the fewest mean latencies it must hold
 BIN_S = 10.0  # completions are counted in bins this long
 FLAT_CV = 0.15  # a window is flat when its bins' coefficient of variation is at most this
 CANCELLED = "cancelled"  # a request still in flight when the load ended
-WINDOW_KEYS = (
-    "seconds",
-    "mean_latencies",
-    "pages_per_s_by_count",
-    "pages_per_s_by_latency",
-    "bins_cv",
-)  # fmt: skip (a window in the summary, issue 50 item 5)
+# a window in the summary (issue 50 item 5):
+WINDOW_KEYS = ("seconds", "mean_latencies", "pages_per_s_by_count", "pages_per_s_by_latency",
+               "bins_cv")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,18 +2,12 @@
 
     python3 -m bench.gpu.report PLAN.json RES OUT
 
-RES holds what `bench.gpu.run` wrote: NN-VARIANT.json per window (bench.gpu.load's),
-alone-NN-SETTING.json (the layout service alone at each of the plan's `alone.services`; the
-first's median window is the summary's `layout_service_alone_pages_per_s`; its /metrics before
-and after each window give each setting's `gpu_memory_mib`), floor-whole.json
-and floor-blocks.json (bench.gpu.floor's), vit-attention*.json (bench.gpu.encoder_check's: the
-summary's `vit_attention`, the fastest within bounds per kind and batch). The `default`
-variant (layout off) is held to the `whole` floor, `layout` (layout on) to `blocks`.
-
-Where RES holds no layout-alone window and the plan names `alone_pass` (an earlier pass's
-STEM.json under the checkout, the layout service alone measured in a session of its own), the
-summary takes that pass's figures and names its raw tarball in `layout_service_alone_from`.
-A figure not measured is `null` in STEM.json (strict JSON: no NaN).
+From what `bench.gpu.run` wrote to RES: each window's NN-VARIANT.json (and .cpu.json), the
+layout service alone's alone-NN-SETTING.json (its first setting's median is the summary's
+`layout_service_alone_pages_per_s`; its /metrics give `gpu_memory_mib`), floor-whole.json for
+`default` (layout off) and floor-blocks.json for `layout`, vit-attention*.json. Without a
+layout-alone window, the plan's `alone_pass` (an earlier STEM.json) gives those figures,
+its raw tarball named in `layout_service_alone_from`. Not measured: `null` (strict JSON).
 """
 
 from __future__ import annotations

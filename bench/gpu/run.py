@@ -6,12 +6,10 @@ host, the corpus, the window rules, the variants and the device calls, each a li
     receive K     wheel part K (carried as .gpu-wheels-032s/chunkK)
     install       vLLM 0.32, the plugin and the layout service into /tmp/site032 (host/install.sh),
                   the gateway's wheels (.whl) beside them
-    install-layout the layout service alone into /tmp/site032, on the host's own torch and
-                  transformers, with its web stack and the load client's wheels carried in .whl
-                  (bench/gpu/wheels_layout.txt): no vLLM, so no wheel parts, for plans that
-                  load only the layout service
-    prepare       the full-size random-weight checkpoints (PaddleOCR-VL, PP-DocLayoutV3) the plan's
-                  host names (`model`, `layout_model`)
+    install-layout the layout service alone on the host's own torch (no vLLM, no wheel parts),
+                  its web stack and the load client in .whl (bench/gpu/wheels_layout.txt)
+    prepare       the full-size random-weight checkpoints the host names (`model`, `layout_model`),
+                  written in the background: every stage but `floor` waits for them
     floor         the corpus's requests (bench.gpu.corpus work) and the floor of each variant's
                   (bench.gpu.floor: `whole` for layout off, `blocks` for layout on), GPU idle
     up, ready     `make serve`'s scripts/serve.sh with the plan's profile, the layout service on;
@@ -19,19 +17,19 @@ host, the corpus, the window rules, the variants and the device calls, each a li
                   boxes, each page forwarded to the real service first) and a second gateway in
                   front of the same engines whose layout service is that stand-in (and one more
                   for each variant that names an `env`, with those settings)
-    window I      the I-th window of the variants' A B B A ... order (bench.gpu.load), the
-                  /metrics and every process's CPU seconds around it (NN-VARIANT.cpu.json): the
-                  stage fails (the call stops) when the engines did not read it (bench.gpu.reads)
+    window I      the I-th window of the variants' A B B A ... order (bench.gpu.load; with the
+                  call's next `window I+1` of the same variant, one load), the /metrics and every
+                  process's CPU seconds around it (NN-VARIANT.cpu.json), the GPU's clocks beside
+                  it (.gpu.csv): fails (the call stops) when the engines did not read it (reads.py)
     vit           the vision tower's attention (issue 50 item 3): bench.gpu.encoder_check with
                   the plan's `vit` options, the plugin's modes and vLLM's backends timed and checked
                   on the idle GPU, into RES/vit-attention.json
     spy           past the windows, py-spy's samples of the `spy.variant` load's processes (`up`'s,
                   and the layout variant's gateway and stand-in) for `spy.seconds`, and the
                   busiest processes, threads and frames (`busiest`), into RES/spy-VARIANT.{txt,json}
-    alone I       the I-th window of the layout service alone (/v1/layout), its settings'
-                  A B B A ... order: each of `alone.services` (a name: its flags) started on
-                  its own port at the first (kept for the next calls, as `up`'s stack is); its
-                  /metrics before and after the window and `top -H` of its threads beside it
+    alone I       the I-th window of the layout service alone (/v1/layout) in its settings'
+                  A B B A order (`alone.services`, each on its own port from the first on), its
+                  /metrics before and after and `top -H` of its threads beside it
     report        RES's windows, floors and the layout service's into OUT/STEM.json (issue 50's
                   summary, bench.gpu.method.summary) and OUT/STEM.md
     down          everything `up` and `alone` started, by process group
@@ -47,6 +45,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -159,8 +158,8 @@ def install(p: Pass) -> None:
         raise RuntimeError("install failed")
     p.run([*PIP, *map(str, sorted(ROOT.glob(".whl/*.whl")))])
     p.run([*PIP[:-1], str(Path(PY_SPY).parents[1]), *map(str, ROOT.glob(".whl/py_spy-*.whl"))])
-    Path("/tmp/bin").mkdir(exist_ok=True)  # noqa: S108 (serve.sh's VLLM_BIN: the GPU build)
-    vllm = Path("/tmp/bin/vllm")  # noqa: S108
+    vllm = Path("/tmp/bin/vllm")  # noqa: S108 (serve.sh's VLLM_BIN: the GPU build)
+    vllm.parent.mkdir(exist_ok=True)
     vllm.write_text('#!/bin/sh\nset -f\nexec python3 -m vllm.entrypoints.cli.main "$@" '
                     '${BENCH_VLLM_ARGS:-}\n')  # fmt: skip
     vllm.chmod(0o755)
@@ -169,20 +168,32 @@ def install(p: Pass) -> None:
 def install_layout(p: Pass) -> None:
     if p.run([*PIP, *map(str, sorted(ROOT.glob(".whl/*.whl")))]) or p.run([*PIP, "engine/layout"]):
         raise RuntimeError("install-layout failed")
-    versions = ("import torch, transformers, fastapi, uvicorn, ocrvl_layout; print('torch', "
-                "torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', "
-                "transformers.__version__, 'fastapi', fastapi.__version__, 'uvicorn', "
-                "uvicorn.__version__)")  # fmt: skip
-    p.run(["python3", "-c", versions])
+    p.run(["python3", "-c", "import torch, transformers as t, fastapi as f, uvicorn as u, "
+           "ocrvl_layout; print(torch.__version__, torch.cuda.is_available(), t.__version__, "
+           "f.__version__, u.__version__)"])  # fmt: skip
 
 
 def prepare(p: Pass) -> None:
-    engine = p.host["engine_python"]
+    """The full-size checkpoints the host names, written in the background (the CPU and the disk
+    alone: `floor` times the idle GPU meanwhile); the next stage but `floor` waits for them."""
+    engine, layout, steps = p.host["engine_python"], p.path(p.host["layout_model"]), []
     if "model" in p.host and not (Path(p.path(p.host["model"])) / "config.json").exists():
-        p.run([engine, "-m", "tests.support.tiny_model", p.path(p.host["model"]), "--full"])
-    layout = Path(p.path(p.host["layout_model"]))
-    if not (layout / "config.json").exists():
-        p.run([engine, "-m", "bench.gpu.layout_checkpoint", str(layout)])
+        steps.append([engine, "-m", "tests.support.tiny_model", p.path(p.host["model"]), "--full"])
+    if not (Path(layout) / "config.json").exists():
+        steps.append([engine, "-m", "bench.gpu.layout_checkpoint", layout])
+    p.start("prepare", ["sh", "-c", " && ".join([*map(shlex.join, steps), "echo prepared"])])
+
+
+def prepared() -> None:
+    """Until `prepare` has ended (its log then in this call's); RuntimeError if it failed."""
+    pid = WORK / "prepare.pid"
+    while pid.exists() and not gone(int(pid.read_text())):
+        time.sleep(1)
+    if pid.exists():
+        pid.unlink()
+        print(log := (WORK / "prepare.log").read_text(errors="replace"), end="", flush=True)
+        if not log.endswith("prepared\n"):
+            raise RuntimeError("prepare failed")
 
 
 def floor(p: Pass) -> None:
@@ -198,9 +209,8 @@ def floor(p: Pass) -> None:
 
 
 def vit(p: Pass) -> None:
-    """The ViT attention modes and backends (bench.gpu.encoder_check), GPU idle; a batch out of
-    bounds is in the JSON and the log, and the stages go on. The plugin's rotary is the call's
-    environment's (OCRVL_PLUGIN_FUSED_ROTARY); the JSON's `fused_rotary` says which ran."""
+    """bench.gpu.encoder_check, GPU idle (a batch out of bounds: in the JSON and the log, and the
+    stages go on); the plugin's rotary is the call's (the JSON's `fused_rotary`)."""
     p.run([p.host["engine_python"], "-m", "bench.gpu.encoder_check", *p.plan.get("vit", []),
            "--out", str(p.res / "vit-attention.json")])  # fmt: skip
 
@@ -238,9 +248,8 @@ def ready(p: Pass) -> None:
 
 
 def own_gateways(p: Pass) -> dict[str, tuple[int, dict[str, str]]]:
-    """A variant that names an `env` (its gateway's settings: OCRVL_ENGINE_STREAM_INTERVAL) has
-    a gateway of its own in front of the same engines, the stand-in its layout service: its
-    port and env by its process name, `gateway-VARIANT`."""
+    """A variant that names an `env` (its gateway's settings) has a gateway of its own in front
+    of the same engines and the stand-in: its port and env by its name, `gateway-VARIANT`."""
     named = [v for v in p.plan["variants"] if "env" in v]
     return {f"gateway-{v['name']}": (p.ports["layout_gateway"] + 1 + n, v["env"])
             for n, v in enumerate(named)}  # fmt: skip
@@ -259,18 +268,18 @@ def served_backends() -> str:
     return log.split("gateway: OCRVL_BACKENDS=")[-1].split()[0]
 
 
-def room(p: Pass, name: str) -> int | None:
-    """The cap of a window that can end before the call's limit; None (said) when none can."""
+def room(p: Pass, names: list[str]) -> int | None:
+    """The cap of a load whose windows can end before the call's limit; None (said) when not."""
     rules = p.plan["window"]
-    cap = min(rules["max_seconds"], p.left() - 30)
-    if cap < rules["seconds"] + rules["ramp_s"] + 10:
-        print(f"window {name} skipped: {p.left():.0f} s left in this call", flush=True)
+    cap = min(rules["max_seconds"] * len(names), p.left() - 30)
+    if cap < rules["seconds"] * len(names) + rules["ramp_s"] + 10:
+        print(f"window {','.join(names)} skipped: {p.left():.0f} s left in this call", flush=True)
         return None
     return int(cap)
 
 
 def load(p: Pass, name: str, url: str, cap: int, concurrency: int, *options: str) -> list[str]:
-    """bench.gpu.load's command line for one window capped at `cap` seconds."""
+    """bench.gpu.load's command line for one load (its windows: `name`, by commas), `cap` s."""
     rules, corpus = p.plan["window"], p.plan["corpus"]
     return [p.host["python"], "-m", "bench.gpu.load", url, "--name", name, "--out", str(p.res),
             "--concurrency", str(concurrency), "--ramp", str(rules["ramp_s"]),
@@ -280,33 +289,45 @@ def load(p: Pass, name: str, url: str, cap: int, concurrency: int, *options: str
             "--sigma", str(corpus["sigma"]), "--key", KEY, *options]  # fmt: skip
 
 
-def window(p: Pass, index: int) -> None:
-    """The I-th window, the /metrics of the gateway, engines and layout service around it
-    (bench.gpu.reads): a RuntimeError, which ends the call, when the engines did not read it."""
+def turn(p: Pass, index: int) -> dict[str, Any]:
+    """The variant of the I-th window of the variants' A B B A ... order."""
     variants = {v["name"]: v for v in p.plan["variants"]}
-    turns = method.order(list(variants), p.plan["windows"])
-    variant = variants[turns[index]]
+    return variants[method.order(list(variants), p.plan["windows"])[index]]
+
+
+def window(p: Pass, indices: list[int]) -> None:
+    """Windows I, I+1 ... of one variant as one load (the next starts where one ended), the
+    /metrics of the gateway, engines and layout service around it (bench.gpu.reads): a
+    RuntimeError, which ends the call, when the engines did not read it."""
+    variant = turn(p, indices[0])
     url = gateway(p, variant)
-    name, engines = f"{index:02d}-{variant['name']}", reads.engines(served_backends())
-    cap = room(p, name)
-    if cap is None:
+    names = [f"{index:02d}-{variant['name']}" for index in indices]
+    engines = reads.engines(served_backends())
+    if (cap := room(p, names)) is None:
         return
     before, cpu = reads.snapshot(url, engines, p.url("layout")), cpu_seconds()
-    p.run(load(p, name, url, cap, variant["concurrency"], "--api", "ocr", "--layout",
-               variant["layout"]))  # fmt: skip
+    smi = [shutil.which("nvidia-smi") or "true", "--format=csv", "-l", "5", "--query-gpu="
+           "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,pstate"
+           ]  # fmt: skip
+    with (p.res / f"{names[0]}.gpu.csv").open("wb") as f, subprocess.Popen(smi, stdout=f) as gpu:
+        p.run(load(p, ",".join(names), url, cap, variant["concurrency"], "--api", "ocr",
+                   "--layout", variant["layout"]))  # fmt: skip
+        gpu.terminate()  # the GPU's clocks, power and use every 5 s beside the load
     after, spent = reads.snapshot(url, engines, p.url("layout")), cpu_seconds()
     made = reads.engines_moved(before, after, "vllm:generation_tokens")  # what the CPU bought
     used = {"generated_tokens": made, "cpu_s": sorted(
         ((round(spent[k] - cpu.get(k, 0), 2), k) for k in spent), reverse=True)[:16]}  # fmt: skip
-    (p.res / f"{name}.cpu.json").write_text(json.dumps(used, indent=1) + "\n")
-    (p.res / f"{name}.metrics.json").write_text(json.dumps({"before": before, "after": after}))
-    found = reads.check(before, after, p.res / f"{name}.requests.csv")
-    report = p.res / f"{name}.json"  # the report reads them beside the window's figures
-    report.write_text(json.dumps(json.loads(report.read_text()) | {"engine_reads": found},
-                                 indent=1) + "\n")  # fmt: skip
-    print(f"{name}: {found}", flush=True)
+    found = reads.check(before, after, p.res / f"{names[0]}.requests.csv")
+    for name in names:  # a load's figures, beside each of its windows
+        (p.res / f"{name}.cpu.json").write_text(json.dumps(used, indent=1) + "\n")
+        (p.res / f"{name}.metrics.json").write_text(json.dumps({"before": before, "after": after}))
+        report = p.res / f"{name}.json"  # the report reads them beside the window's figures
+        if report.exists():  # not a window the cap came before
+            report.write_text(json.dumps(json.loads(report.read_text()) | {"engine_reads": found},
+                                         indent=1) + "\n")  # fmt: skip
+    print(f"{','.join(names)}: {found}", flush=True)
     if found["fault"]:
-        raise RuntimeError(f"{name} did not measure the engines: {found['fault']}")
+        raise RuntimeError(f"{','.join(names)} did not measure the engines: {found['fault']}")
 
 
 def cpu_seconds() -> dict[str, float]:
@@ -344,8 +365,7 @@ def alone(p: Pass, index: int) -> None:
         top = subprocess.Popen(["top", "-b", "-H", "-d", "5", "-w", "200", "-p", pid],
                                stdout=out, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
-            cap = room(p, stem)
-            if cap is not None:
+            if (cap := room(p, [stem])) is not None:
                 p.run(load(p, stem, url, cap, given["concurrency"], "--api", "layout",
                            "--seed", str(index)))  # fmt: skip
         finally:
@@ -421,8 +441,7 @@ def down(p: Pass) -> None:
     started), then SIGKILL to what is left of the group 20 s later."""
     for name in ("layout-gateway", *own_gateways(p), "standin", "serve",
                  *(f"layout-{name}" for name in p.plan["alone"]["services"])):  # fmt: skip
-        pid_file = WORK / f"{name}.pid"
-        if not pid_file.exists():
+        if not (pid_file := WORK / f"{name}.pid").exists():
             continue
         pid = int(pid_file.read_text())
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -456,10 +475,19 @@ def stages(p: Pass, words: list[str]) -> int:
         word = words.pop(0)
         print(f"=== {word} {time.strftime('%H:%M:%S', time.gmtime())}", flush=True)
         try:
+            if word not in ("floor", "receive"):
+                prepared()
             if word == "receive":
                 p.run(["bash", "bench/gpu/host/receive.sh", ".gpu-wheels-032s", words.pop(0)])
-            elif word in ("window", "alone"):
-                (window if word == "window" else alone)(p, int(words.pop(0)))
+            elif word == "window":  # with the call's next windows of the same variant
+                at = [int(words.pop(0))]
+                while words[:2] == ["window", str(at[-1] + 1)] and turn(p, at[-1] + 1) is turn(
+                        p, at[0]):  # fmt: skip
+                    at.append(int(words[1]))
+                    del words[:2]
+                window(p, at)
+            elif word == "alone":
+                alone(p, int(words.pop(0)))
             else:
                 STAGES[word](p)
         except (RuntimeError, KeyError, OSError) as exc:

@@ -23,8 +23,13 @@ SERVICE_S = 0.2  # the fake engine's time per answer
 
 
 def run(tmp_path: Path, url: str, *options: str) -> dict[str, Any]:
+    return runs(tmp_path, url, "--name", "w", *options)[0]
+
+
+def runs(tmp_path: Path, url: str, *options: str) -> list[dict[str, Any]]:
+    """The load's windows' reports."""
     args = load.parser().parse_args(
-        [url, "--name", "w", "--out", str(tmp_path), "--window", "3", "--latencies", "5",
+        [url, "--out", str(tmp_path), "--window", "3", "--latencies", "5",
          "--bin", "1", "--ramp", "0.4", "--tick", "0.2", "--max-seconds", "40", "--pages", "14",
          "--median", "20", "--key", CLIENT_KEY, *options]
     )  # fmt: skip
@@ -68,6 +73,31 @@ def test_a_window_of_varied_pages_through_the_gateway_is_steady_and_its_csv_reco
     again = method.window(records, *report["span_s"], window_s=3.0, latencies=5.0, bin_s=1.0)
     for key in method.WINDOW_KEYS:
         assert again[key] == pytest.approx(report[key])
+
+
+def test_two_windows_in_a_row_are_one_load_the_second_from_where_the_first_ended(
+    tmp_path: Path,
+) -> None:
+    """`--name a,b`: two windows of one load, no ramp between (the second starts where the first
+    ended), each steady by its own answers, each with the load's CSV beside its report, each
+    recomputed from it by its own span."""
+    with ThreadedServer(layout_standin.app()) as standin:
+        first, second = runs(tmp_path, standin.url, "--name", "a,b", "--concurrency", "2",
+                             "--api", "layout", "--window", "1", "--latencies", "3")  # fmt: skip
+    assert [first["name"], second["name"]] == ["a", "b"]
+    assert first["span_s"][1] == second["span_s"][0] > first["span_s"][0]
+    for report in (first, second):
+        assert report["steady"] is True
+        assert report["window_rule"] == "met"
+        assert report["answered"] > 3
+        assert report["statuses"] == {"200": report["answered"]}
+        assert json.loads((tmp_path / f"{report['name']}.json").read_text()) == report
+    csv_a, csv_b = (tmp_path / f"{name}.requests.csv" for name in "ab")
+    assert csv_a.read_text() == csv_b.read_text()
+    assert load.main(["--reread", str(csv_b)]) == 0
+    records = load.read_records(csv_b)
+    again = method.window(records, *second["span_s"], window_s=1.0, latencies=3.0, bin_s=1.0)
+    assert again["pages_per_s_by_count"] == pytest.approx(second["pages_per_s_by_count"])
 
 
 def test_a_page_the_results_cache_answered_is_not_counted() -> None:

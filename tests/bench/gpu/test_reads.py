@@ -33,7 +33,7 @@ def test_a_window_of_the_load_is_read_by_the_engine_by_its_own_counters(
          "--max-seconds", "120", "--pages", "6", "--median", "4", "--concurrency", "2",
          "--key", cached_gateway.api_key]
     )  # fmt: skip
-    loaded = asyncio.run(load.measure(args, load.pages(6, corpus.Lengths(4, args.sigma))))
+    (loaded,) = asyncio.run(load.measure(args, load.pages(6, corpus.Lengths(4, args.sigma))))
     found = reads.check(before, reads.snapshot(cached_gateway.url, engines),
                         tmp_path / "w.requests.csv")  # fmt: skip
     pages = found["pages_answered"]

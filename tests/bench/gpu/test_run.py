@@ -481,3 +481,75 @@ def test_a_window_records_the_cpu_each_process_used_and_the_report_puts_it_per_t
         "python -m app.cli serve --port 8021 2.00."
     ) in text
     assert "## interval-8: no window in this pass" in text
+
+
+def test_a_calls_neighbouring_windows_of_one_variant_run_as_one_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In A B B A A B, a call's `window 1 window 2` (B B) and `window 3 window 4` (A A) are one
+    load each; windows of two variants, or out of order, are loads of their own; a load of two
+    windows needs room for both and may take twice a window's cap."""
+    given = plan("h100-stream-interval.json")
+    p = run.Pass(given | {"host": given["host"] | {"results": str(tmp_path / "res")}},
+                 tmp_path / "out")  # fmt: skip
+    loads: list[list[int]] = []
+    monkeypatch.setattr(run, "window", lambda _, indices: loads.append(indices))
+    monkeypatch.setattr(run.Pass, "collect", lambda _: None)
+    words = "window 0 window 1 window 2 window 3 window 4 window 5 window 2 window 1"
+    assert run.stages(p, words.split()) == 0
+    assert loads == [[0], [1, 2], [3, 4], [5], [2], [1]]
+    rules = given["window"]
+    assert run.room(p, ["01-b", "02-b"]) == 2 * rules["max_seconds"]
+    p.began -= given["limit_s"] - 30 - 2 * rules["seconds"] - rules["ramp_s"] - 5
+    assert run.room(p, ["01-b"]) is not None
+    assert run.room(p, ["01-b", "02-b"]) is None
+
+
+# Pass.start drops its Popen while the process runs on (as on the host): Python warns of it
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_prepare_writes_in_the_background_and_the_next_stage_but_floor_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`prepare` returns with its writers still running (the host's engine_python here: a fake
+    that blocks on a FIFO until the test lets it go), `floor` would run beside them, and the
+    next other stage waits for them, prints their log, and fails the call when one failed."""
+    import os  # noqa: PLC0415
+
+    monkeypatch.setattr(run, "WORK", tmp_path / "work")
+    writer = tmp_path / "writer"  # `writer -m MODULE PATH ...` waits on the FIFO named MODULE
+    model, layout = tmp_path / "tests.support.tiny_model", tmp_path / "bench.gpu.layout_checkpoint"
+    for gate in (model, layout):
+        os.mkfifo(gate)
+    writer.write_text(f'#!/bin/sh\nread go < {tmp_path}/$2\necho "wrote $*"\n[ "$go" = ok ]\n')
+    writer.chmod(0o755)
+    host = {
+        "results": str(tmp_path / "res"),
+        "ports": 0,
+        "engine_python": str(writer),
+        "model": str(tmp_path / "model"),
+        "layout_model": str(tmp_path / "layout"),
+    }
+    p = run.Pass(plan("h100-stream-interval.json") | {"host": host}, tmp_path / "out")
+
+    def let(gate: Path, word: str) -> None:
+        with gate.open("w") as go:  # blocks until that writer reads
+            go.write(word + "\n")
+
+    run.prepare(p)  # returns at once: the writers wait on their gates
+    pid = int((tmp_path / "work" / "prepare.pid").read_text())
+    assert not run.gone(pid)
+    let(model, "ok")
+    assert not run.gone(pid)  # the layout's writer still waits
+    let(layout, "ok")
+    run.prepared()
+    assert run.gone(pid)
+    out = capsys.readouterr().out
+    assert "wrote -m tests.support.tiny_model" in out
+    assert "wrote -m bench.gpu.layout_checkpoint" in out
+    assert out.endswith("prepared\n")
+    run.prepared()  # once waited for, nothing more to wait for
+    assert capsys.readouterr().out == ""
+    run.prepare(p)
+    let(model, "broken")  # the model's writer fails: the layout's never starts
+    with pytest.raises(RuntimeError, match="prepare failed"):
+        run.prepared()
