@@ -174,8 +174,7 @@ def install_layout(p: Pass) -> None:
 
 
 def prepare(p: Pass) -> None:
-    """The full-size checkpoints the host names, written in the background (the CPU and the disk
-    alone: `floor` times the idle GPU meanwhile); the next stage but `floor` waits for them."""
+    """The host's full-size checkpoints, in the background: every stage but `floor` waits."""
     engine, layout, steps = p.host["engine_python"], p.path(p.host["layout_model"]), []
     if "model" in p.host and not (Path(p.path(p.host["model"])) / "config.json").exists():
         steps.append([engine, "-m", "tests.support.tiny_model", p.path(p.host["model"]), "--full"])
@@ -306,13 +305,14 @@ def window(p: Pass, indices: list[int]) -> None:
     if (cap := room(p, names)) is None:
         return
     before, cpu = reads.snapshot(url, engines, p.url("layout")), cpu_seconds()
-    smi = [shutil.which("nvidia-smi") or "true", "--format=csv", "-l", "5", "--query-gpu="
-           "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,pstate"
-           ]  # fmt: skip
+    smi = [shutil.which("nvidia-smi") or "true", "--format=csv", "-l", "5", "--query-gpu=timestamp,"
+           "clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,pstate"]  # fmt: skip
     with (p.res / f"{names[0]}.gpu.csv").open("wb") as f, subprocess.Popen(smi, stdout=f) as gpu:
-        p.run(load(p, ",".join(names), url, cap, variant["concurrency"], "--api", "ocr",
-                   "--layout", variant["layout"]))  # fmt: skip
-        gpu.terminate()  # the GPU's clocks, power and use every 5 s beside the load
+        try:  # the GPU's clocks, power and use every 5 s beside the load
+            p.run(load(p, ",".join(names), url, cap, variant["concurrency"], "--api", "ocr",
+                       "--layout", variant["layout"]))  # fmt: skip
+        finally:
+            gpu.terminate()
     after, spent = reads.snapshot(url, engines, p.url("layout")), cpu_seconds()
     made = reads.engines_moved(before, after, "vllm:generation_tokens")  # what the CPU bought
     used = {"generated_tokens": made, "cpu_s": sorted(
