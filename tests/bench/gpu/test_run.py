@@ -493,6 +493,7 @@ def test_a_calls_neighbouring_windows_of_one_variant_run_as_one_load(
     p = run.Pass(given | {"host": given["host"] | {"results": str(tmp_path / "res")}},
                  tmp_path / "out")  # fmt: skip
     loads: list[list[int]] = []
+    monkeypatch.setattr(run, "WORK", tmp_path / "work")  # no `prepare` there to wait for
     monkeypatch.setattr(run, "window", lambda _, indices: loads.append(indices))
     monkeypatch.setattr(run.Pass, "collect", lambda _: None)
     words = "window 0 window 1 window 2 window 3 window 4 window 5 window 2 window 1"
