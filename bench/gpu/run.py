@@ -5,7 +5,7 @@ host, the corpus, the window rules, the variants and the device calls, each a li
 
     receive K     wheel part K (carried as .gpu-wheels-032s/chunkK)
     install       vLLM 0.32, the plugin and the layout service into /tmp/site032 (host/install.sh),
-                  the gateway's wheels (.whl) beside them
+                  the gateway's wheels (.whl) beside them, VLLM_BIN `WRAPPER` (BENCH_VLLM_ARGS*)
     install-layout the layout service alone on the host's own torch (no vLLM, no wheel parts),
                   its web stack and the load client in .whl (bench/gpu/wheels_layout.txt)
     prepare       the full-size random-weight checkpoints the host names (`model`, `layout_model`),
@@ -151,6 +151,9 @@ PIP = ["python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no
 # py-spy into a folder of its own: pip --target keeps a bin/ it finds (vLLM's install made one)
 PY_SPY = "/tmp/pyspy/bin/py-spy"  # noqa: S108
 TICKS = os.sysconf("SC_CLK_TCK")  # /proc's CPU times are in these
+WRAPPER = ('#!/bin/sh\nset -f\nfor a; do [ "$b" = --port ] && port=$a; b=$a; done\neval '
+           '"more=\\${BENCH_VLLM_ARGS_${port:-0}:-}"\nexec python3 -m vllm.entrypoints.cli.main '
+           '"$@" ${BENCH_VLLM_ARGS:-} $more\n')  # fmt: skip
 
 
 def install(p: Pass) -> None:
@@ -160,8 +163,7 @@ def install(p: Pass) -> None:
     p.run([*PIP[:-1], str(Path(PY_SPY).parents[1]), *map(str, ROOT.glob(".whl/py_spy-*.whl"))])
     vllm = Path("/tmp/bin/vllm")  # noqa: S108 (serve.sh's VLLM_BIN: the GPU build)
     vllm.parent.mkdir(exist_ok=True)
-    vllm.write_text('#!/bin/sh\nset -f\nexec python3 -m vllm.entrypoints.cli.main "$@" '
-                    '${BENCH_VLLM_ARGS:-}\n')  # fmt: skip
+    vllm.write_text(WRAPPER)
     vllm.chmod(0o755)
 
 
@@ -197,8 +199,7 @@ def prepared() -> None:
 
 def floor(p: Pass) -> None:
     """Each variant's floor, from the same corpus's requests, on the idle GPU."""
-    corpus, host = p.plan["corpus"], p.host
-    work = p.res / "work.json"
+    corpus, host, work = p.plan["corpus"], p.host, p.res / "work.json"
     p.run([host["python"], "-m", "bench.gpu.corpus", "work", "--pages", str(corpus["floor_pages"]),
            "--median", str(corpus["median"]), "--sigma", str(corpus["sigma"]),
            "--out", str(work)])  # fmt: skip
@@ -238,17 +239,17 @@ def ready(p: Pass) -> None:
     gateways = {"layout-gateway": (p.ports["layout_gateway"], {}), **own_gateways(p)}
     for name, (port, env) in gateways.items():
         p.start(name, [python, "-m", "app.cli", "serve", "--port", str(port)],
-                OCRVL_BACKENDS=backends, OCRVL_BACKEND_API_KEY=BACKEND_KEY, OCRVL_API_KEYS=KEY,
-                OCRVL_LAYOUT_URL=p.url("standin"), OCRVL_LOG_LEVEL="warning",
-                OCRVL_DATA_DIR=str(WORK / f"{name}-data"), **env)  # fmt: skip
+                **{"OCRVL_BACKENDS": backends, **env}, OCRVL_BACKEND_API_KEY=BACKEND_KEY,
+                OCRVL_API_KEYS=KEY, OCRVL_LAYOUT_URL=p.url("standin"), OCRVL_LOG_LEVEL="warning",
+                OCRVL_DATA_DIR=str(WORK / f"{name}-data"))  # fmt: skip
     p.wait_ready("standin", p.url("standin") + "/ready", 60)
     for name, (port, _) in gateways.items():
         p.wait_ready(name, f"http://127.0.0.1:{port}/ready", 120)
 
 
 def own_gateways(p: Pass) -> dict[str, tuple[int, dict[str, str]]]:
-    """A variant that names an `env` (its gateway's settings) has a gateway of its own in front
-    of the same engines and the stand-in: its port and env by its name, `gateway-VARIANT`."""
+    """A variant that names an `env` (its gateway's settings, OCRVL_BACKENDS among them to pick
+    engines) has a gateway of its own before the stand-in: its port and env, `gateway-VARIANT`."""
     named = [v for v in p.plan["variants"] if "env" in v]
     return {f"gateway-{v['name']}": (p.ports["layout_gateway"] + 1 + n, v["env"])
             for n, v in enumerate(named)}  # fmt: skip

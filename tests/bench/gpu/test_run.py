@@ -554,3 +554,63 @@ def test_prepare_writes_in_the_background_and_the_next_stage_but_floor_waits_for
     let(model, "broken")  # the model's writer fails: the layout's never starts
     with pytest.raises(RuntimeError, match="prepare failed"):
         run.prepared()
+
+
+def test_the_engines_wrapper_gives_every_engine_the_common_flags_and_one_engine_its_own(
+    tmp_path: Path,
+) -> None:
+    """serve.sh starts each engine as `VLLM_BIN serve MODEL ... --port PORT ...`: the host's
+    wrapper (run.WRAPPER) adds BENCH_VLLM_ARGS to every one and BENCH_VLLM_ARGS_PORT to that
+    port's alone, a JSON flag whole (brackets unglobbed). A fake `python3` on PATH prints the
+    arguments it was given, one a line."""
+    import os  # noqa: PLC0415
+
+    (tmp_path / "python3").write_text('#!/bin/sh\nfor a; do echo "$a"; done\n')
+    (tmp_path / "python3").chmod(0o755)
+    wrapper = tmp_path / "vllm"
+    wrapper.write_text(run.WRAPPER)
+    wrapper.chmod(0o755)
+    (tmp_path / "a[1]").touch()  # what `[1]` would glob to, were globbing on
+    flag = '--compilation-config={"a":[1],"b":true}'
+    env = os.environ | {"PATH": f"{tmp_path}:{os.environ['PATH']}", "BENCH_VLLM_ARGS": "--x 1",
+                        "BENCH_VLLM_ARGS_8119": f"{flag} --y"}  # fmt: skip
+
+    def args(*given: str) -> list[str]:
+        done = subprocess.run([str(wrapper), *given], env=env, cwd=tmp_path, check=True,
+                              capture_output=True, text=True)  # fmt: skip
+        return done.stdout.splitlines()
+
+    head = ["-m", "vllm.entrypoints.cli.main", "serve", "M", "--host", "127.0.0.1"]
+    assert args("serve", "M", "--host", "127.0.0.1", "--port", "8118", "--config", "c y") == [
+        *head, "--port", "8118", "--config", "c y", "--x", "1"]  # fmt: skip
+    assert args("serve", "M", "--host", "127.0.0.1", "--port", "8119") == [
+        *head, "--port", "8119", "--x", "1", flag, "--y"]  # fmt: skip
+    assert args("--version") == ["-m", "vllm.entrypoints.cli.main", "--version", "--x", "1"]
+
+
+def test_a_variant_that_names_its_engines_has_a_gateway_in_front_of_those_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """plans/h100-encoder-graphs.json runs two engines of make serve, one with vLLM's encoder
+    CUDA graphs: each variant's gateway is given its own engine's URL as OCRVL_BACKENDS, and the
+    stack's layout-first gateway keeps both."""
+    given = plan("h100-encoder-graphs.json")
+    monkeypatch.setattr(run, "WORK", tmp_path / "work")
+    monkeypatch.setattr(run, "served_backends", lambda: "http://127.0.0.1:8118;capacity=256,"
+                        "http://127.0.0.1:8119;capacity=256")  # fmt: skip
+    p = run.Pass(given | {"host": given["host"] | {"results": str(tmp_path / "res")}},
+                 tmp_path / "out")  # fmt: skip
+    started: dict[str, dict[str, str]] = {}
+    monkeypatch.setattr(p, "start", lambda name, command, **env: started.setdefault(name, env))
+    monkeypatch.setattr(p, "wait_ready", lambda name, url, seconds: None)
+    run.ready(p)
+    backends = {name: env.get("OCRVL_BACKENDS") for name, env in started.items()}
+    assert backends == {
+        "standin": None,
+        "layout-gateway": "http://127.0.0.1:8118;capacity=256,http://127.0.0.1:8119;capacity=256",
+        "gateway-eager": "http://127.0.0.1:8118;capacity=256",
+        "gateway-graphs": "http://127.0.0.1:8119;capacity=256",
+    }
+    assert given["host"]["serve_env"]["ENGINES"] == "2"
+    assert "cudagraph_mm_encoder" in given["host"]["serve_env"]["BENCH_VLLM_ARGS_8119"]
+    assert "BENCH_VLLM_ARGS_8118" not in given["host"]["serve_env"]
