@@ -188,13 +188,12 @@ async def measure(args: argparse.Namespace, corpus_pages: list[Page]) -> list[di
     cpu = time.process_time()
     await load.run()
     cpu = time.process_time() - cpu
-    reports = []
+    reports, settings = [], {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                             if k != "key"}  # fmt: skip
     for n, (name, span) in enumerate(zip(load.names, load.windows, strict=False)):
         write_records(args.out / f"{name}.requests.csv", load)
         capped = load.capped and n == len(load.windows) - 1
-        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
-                    if k != "key"} | {"name": name}  # fmt: skip
-        report = {"tool": "bench.gpu.load", "name": name, "settings": settings,
+        report = {"tool": "bench.gpu.load", "name": name, "settings": settings | {"name": name},
                   "window_rule": "capped by --max-seconds" if capped else "met",
                   "requests": len(load.records),  # the client's own CPU over the whole load
                   "client_cpu_s": round(cpu, 2), "client_wall_s": round(load.now(), 2),
