@@ -47,11 +47,10 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
             # and the engines' own counters say they read them (None: a pass without them)
             figure["engines_read"] = (None if None in engine_reads else
                                       not any(r["fault"] for r in engine_reads))  # fmt: skip
+            figure["cpu"] = [json.loads(f.read_text()) for f in (  # `window`'s NN-VARIANT.cpu.json
+                path.with_suffix(".cpu.json") for path in names) if f.exists()]  # fmt: skip
             figures[v["name"]] = figure
         variants[-1]["engine_reads"] = engine_reads
-        if windows:  # each window's busiest processes (`window`'s NN-VARIANT.cpu.json)
-            figures[v["name"]]["cpu"] = [json.loads(f.read_text()) for f in (
-                path.with_suffix(".cpu.json") for path in names) if f.exists()]  # fmt: skip
     settings = plan["alone"]["services"]
     by_setting = {name: sorted(res.glob(f"alone-[0-9][0-9]-{name}.json")) for name in settings}
     alone = {name: method.median([json.loads(f.read_text()) for f in files])
@@ -67,7 +66,8 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
     machines = [f["machine"] for f in floors.values()] + ([vit["machine"]] if vit else [])
     if (res / "machine.json").exists():  # written by the `alone` stage
         machines.append(json.loads((res / "machine.json").read_text()))
-    gpu = next((m.get("gpu") or m["device"] for m in machines), "?")
+    named = [r.split(",")[0] for f in res.glob("*.gpu.csv") for r in f.read_text().split("\n")[1:2]]
+    gpu = next((m.get("gpu") or m["device"] for m in machines), next(filter(None, named), "?"))
     whole = floors.get("off", {"ms_per_page": nan, "definition": "not measured"})
     summary = method.summary(gpu, whole, variants, alone_figure, f"{plan['stem']}-raw.tar.gz")
     for given, made in zip(variants, summary["variants"], strict=True):

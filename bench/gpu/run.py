@@ -306,8 +306,9 @@ def window(p: Pass, indices: list[int]) -> None:
     if (cap := room(p, names)) is None:
         return
     before, cpu = reads.snapshot(url, engines, p.url("layout")), cpu_seconds()
-    smi = [shutil.which("nvidia-smi") or "true", "--format=csv", "-l", "5", "--query-gpu=timestamp,"
-           "clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,pstate"]  # fmt: skip
+    smi = [shutil.which("nvidia-smi") or "true", "--format=csv", "-l", "5", "--query-gpu=name,"
+           "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,"
+           "pstate"]  # fmt: skip
     with (p.res / f"{names[0]}.gpu.csv").open("wb") as f, subprocess.Popen(smi, stdout=f) as gpu:
         try:  # the GPU's clocks, power and use every 5 s beside the load
             p.run(load(p, ",".join(names), url, cap, variant["concurrency"], "--api", "ocr",

@@ -393,6 +393,23 @@ def test_a_pass_without_a_floor_or_with_a_variant_unread_says_so(tmp_path: Path)
     assert "of its floor" not in text
 
 
+def test_a_pass_without_a_floor_names_its_gpu_from_the_windows_clocks(tmp_path: Path) -> None:
+    """The twenty-fourth pass's report read GPU "?": no floor, no layout service alone. The
+    windows' nvidia-smi rows (NN-VARIANT.gpu.csv, the GPU's name first) name it instead; with
+    neither, "?" still."""
+    given = plan("h100-encoder-graphs.json")
+    res = tmp_path / "res"
+    res.mkdir()
+    for index, name in enumerate(method.order([v["name"] for v in given["variants"]], 1)):
+        window_file(res, f"{index:02d}-{name}", 4 + index)
+    assert report.gather(given, res)["summary"]["gpu"] == "?"
+    header = "name, timestamp, clocks.current.sm [MHz], pstate\n"
+    (res / "00-eager.gpu.csv").write_text(header)  # a load shorter than one row
+    row = "NVIDIA H100 80GB HBM3, 2026/12/06 17:11:02.123, 1980 MHz, P0\n"
+    (res / "01-graphs.gpu.csv").write_text(header + row)
+    assert report.gather(given, res)["summary"]["gpu"] == "NVIDIA H100 80GB HBM3"
+
+
 def test_ready_ends_when_the_stack_it_waits_for_has_exited_unreaped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
