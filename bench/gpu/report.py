@@ -66,8 +66,8 @@ def gather(plan: dict[str, Any], res: Path) -> dict[str, Any]:
     machines = [f["machine"] for f in floors.values()] + ([vit["machine"]] if vit else [])
     if (res / "machine.json").exists():  # written by the `alone` stage
         machines.append(json.loads((res / "machine.json").read_text()))
-    named = [r.split(",")[0] for f in res.glob("*.gpu.csv") for r in f.read_text().split("\n")[1:2]]
-    gpu = next((m.get("gpu") or m["device"] for m in machines), next(filter(None, named), "?"))
+    smi = (r.split(",")[0] for f in res.glob("*.gpu.csv") for r in f.read_text().split("\n")[1:2])
+    gpu = next((m.get("gpu") or m["device"] for m in machines), "") or next(filter(None, smi), "?")
     whole = floors.get("off", {"ms_per_page": nan, "definition": "not measured"})
     summary = method.summary(gpu, whole, variants, alone_figure, f"{plan['stem']}-raw.tar.gz")
     for given, made in zip(variants, summary["variants"], strict=True):
