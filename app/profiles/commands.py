@@ -11,7 +11,7 @@ from typing import Any
 from app.profiles import PROFILES_DIR, ROOT
 from app.profiles.checks import Checker
 from app.profiles.detection import DetectionError, match, query
-from app.profiles.engines import plan_engines
+from app.profiles.engines import plan_engines, profile_more_graphs
 from app.profiles.gpus import CARDS, CPU_PROFILE, card_for_profile
 from app.profiles.headers import profile_header
 from app.profiles.images import TargetError, load_targets
@@ -55,7 +55,8 @@ def _plan(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )
-    limits = replace(limits, dtype_bytes=DTYPE_BYTES[args.dtype])
+    more = profile_more_graphs(args.profile)
+    limits = replace(limits, dtype_bytes=DTYPE_BYTES[args.dtype], more_graphs=more)
     result = plan(shape, limits, total)
     print(yaml_block(result, shape) if args.yaml else describe(result, shape))
     return 1 if result.errors else 0
@@ -102,6 +103,7 @@ def _plan_engines(args: argparse.Namespace, shape: ModelShape, total: int, *, ge
         max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
         dtype_bytes=DTYPE_BYTES[args.dtype],
+        more_graphs=profile_more_graphs(args.profile),
     )
     if args.env:
         sys.stdout.write(engines_env(result, args.profile or f"{args.gpu_mem_gib:g}gib"))

@@ -25,9 +25,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import yaml
+
+from app.profiles import PROFILES_DIR, ROOT
 from app.profiles.gpus import Card
 from app.profiles.memory import (
     MAX_NUM_SEQS_CAP,
+    MORE_GRAPHS_BYTES,
     UTILIZATION_CAP,
     EngineLimits,
     MemoryPlan,
@@ -35,6 +39,7 @@ from app.profiles.memory import (
     cuda_total,
     derive,
     layout_share,
+    more_graphs,
     plan,
 )
 from app.profiles.shapes import GiB, ModelShape
@@ -121,8 +126,11 @@ def plan_engines(
     max_model_len: int | None = None,
     max_num_batched_tokens: int | None = None,
     dtype_bytes: int = 2,
+    more_graphs: bool = False,
 ) -> EnginesPlan:
-    """Plan `engines` engines on one card of `total_bytes` (1: the profile's own numbers)."""
+    """Plan `engines` engines on one card of `total_bytes` (1: the profile's own numbers);
+    `more_graphs`: the profile records more CUDA graphs than the measured overhead held
+    (`memory.more_graphs`), so each engine's KV cache gives up their measured memory."""
     if engines < 1:
         raise ValueError(f"engines per GPU must be 1 or more; got {engines}")
     limits = derive(
@@ -132,7 +140,7 @@ def plan_engines(
         max_model_len=max_model_len,
         max_num_batched_tokens=max_num_batched_tokens,
     )
-    limits = replace(limits, dtype_bytes=dtype_bytes)
+    limits = replace(limits, dtype_bytes=dtype_bytes, more_graphs=more_graphs)
     layout = layout_share(total_bytes)
     if engines == 1:
         engine = plan(shape, limits, total_bytes)
@@ -143,7 +151,8 @@ def plan_engines(
     total = cuda_total(total_bytes)
     usable = total - MPS_SERVER_BYTES - layout
     each = usable // engines
-    kv = (each - ENGINE_OVERHEAD_BYTES - ENGINE_MARGIN_BYTES) // MiB * MiB
+    overhead = ENGINE_OVERHEAD_BYTES + (MORE_GRAPHS_BYTES if more_graphs else 0)
+    kv = (each - overhead - ENGINE_MARGIN_BYTES) // MiB * MiB
     share = min(math.floor(UTILIZATION_CAP / engines * 100), math.floor(each / total * 100)) / 100
     limits = replace(limits, gpu_memory_utilization=share, kv_cache_memory_bytes=kv)
     engine = plan(shape, limits, total_bytes)
@@ -156,17 +165,17 @@ def plan_engines(
             0,
             f"cannot start: {engines} engines leave no KV cache: each has {each / GiB:.2f} GiB "
             f"beside the MPS server and the layout service, and needs "
-            f"{(ENGINE_OVERHEAD_BYTES + ENGINE_MARGIN_BYTES) / GiB:.2f} GiB before its KV cache "
+            f"{(overhead + ENGINE_MARGIN_BYTES) / GiB:.2f} GiB before its KV cache "
             "(measured overhead and margin, app/profiles/engines.py)",
         )
         limits = replace(limits, kv_cache_memory_bytes=None)
-    left = usable - engines * (max(kv, 0) + ENGINE_OVERHEAD_BYTES)
+    left = usable - engines * (max(kv, 0) + overhead)
     return EnginesPlan(
         engines=engines,
         total_bytes=total_bytes,
         limits=limits,
         engine=engine,
-        overhead_bytes=ENGINE_OVERHEAD_BYTES,
+        overhead_bytes=overhead,
         margin_bytes=ENGINE_MARGIN_BYTES,
         mps_bytes=MPS_SERVER_BYTES,
         layout_bytes=layout,
@@ -176,6 +185,20 @@ def plan_engines(
     )
 
 
+def profile_more_graphs(profile: str | None) -> bool:
+    """Whether vllm_configs/PROFILE.yaml records more CUDA graphs than vLLM's default."""
+    path = ROOT / PROFILES_DIR / f"{profile}.yaml"
+    if profile is None or not path.is_file():
+        return False
+    return more_graphs(yaml.safe_load(path.read_text()).get("compilation-config"))
+
+
 def plan_for_card(card: Card, shape: ModelShape, engines: int) -> EnginesPlan:
-    """`plan_engines` for a catalogue card."""
-    return plan_engines(shape, card.memory_bytes, engines, geforce=card.geforce)
+    """`plan_engines` for a catalogue card, with the graphs its profile records."""
+    return plan_engines(
+        shape,
+        card.memory_bytes,
+        engines,
+        geforce=card.geforce,
+        more_graphs=profile_more_graphs(card.profile),
+    )

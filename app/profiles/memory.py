@@ -21,6 +21,7 @@ in `vllm_configs/*.yaml` comes out of `derive` and `plan` here.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -53,6 +54,18 @@ CUDA_GRAPH_BYTES = round(0.27 * GiB)
 budget and the pool took 0.27 GiB (bench/results/gpu-h200-2026-12-01.md). The larger figure, so the
 model stays on the safe side; it was 0.5 GiB before it was measured."""
 
+MORE_GRAPHS_BYTES = round(0.91 * GiB)
+"""What a profile's `compilation-config` adds when it records more graphs than vLLM's default:
+the vision encoder's (`cudagraph_mm_encoder`, 16 token budgets to 8,192) and the language model's
+capture sizes past 512 (to 2,048). Measured side by side on one H100 (the twenty-sixth pass,
+bench/results/gpu-h100-2026-12-07-encoder-graphs-raw.tar.gz, vLLM 0.32.0, max-num-seqs 256):
+"Graph capturing finished ..., took 1.56 GiB" with them against 0.65 GiB without, in
+vllm-8119.log and vllm-8118.log. vLLM takes its own estimate of both out of the budget
+(`profile_cudagraph_memory`); the model counts the difference, since the default's figure above
+stays as measured before."""
+MORE_GRAPHS_FROM = 512
+"""vLLM 0.32's own ceiling on capture sizes (min(2 x max-num-seqs, 512)): a larger one is more."""
+
 VISION_BASE_MIB = 18.0
 VISION_MIB_PER_TOKEN = 0.154
 VISION_REFERENCE_INTERMEDIATE = 4304
@@ -79,6 +92,17 @@ DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "auto": 2}
 
 
+def more_graphs(value: object) -> bool:
+    """Whether a `compilation-config` (the JSON string a profile gives) records the encoder's
+    graphs or language-model sizes past vLLM's default ceiling; ValueError if it is no JSON (vLLM's
+    parser names what else is wrong with it)."""
+    config = json.loads(str(value)) if value is not None else {}
+    if not isinstance(config, dict):
+        return False
+    sizes = config.get("cudagraph_capture_sizes") or []
+    return config.get("cudagraph_mm_encoder") is True or max(sizes, default=0) > MORE_GRAPHS_FROM
+
+
 def _count(value: object) -> int:
     """An integer flag as vLLM reads it: `16384`, `16k` (x1000) or `16K` (x1024)."""
     text = str(value).strip()
@@ -100,6 +124,7 @@ class EngineLimits:
     kv_cache_memory_bytes: int | None = None
     block_size: int = 16
     enforce_eager: bool = False
+    more_graphs: bool = False
 
     @classmethod
     def from_flags(cls, flags: Mapping[str, Any], device: str = "cuda") -> EngineLimits:
@@ -115,6 +140,7 @@ class EngineLimits:
             kv_cache_memory_bytes=None if kv_bytes is None else _count(kv_bytes),
             block_size=int(flags.get("block-size", DEFAULT_BLOCK_SIZE[device])),
             enforce_eager=flags.get("enforce-eager") is True,
+            more_graphs=more_graphs(flags.get("compilation-config")),
         )
 
 
@@ -231,7 +257,7 @@ def plan(shape: ModelShape, limits: EngineLimits, total_bytes: int | None = None
         activation = activation_bytes(shape, limits)
         cache = images * shape.max_visual_tokens_per_image * shape.hidden_size * limits.dtype_bytes
         runtime = RUNTIME_BYTES
-        graphs = 0 if limits.enforce_eager else CUDA_GRAPH_BYTES
+        graphs = 0 if limits.enforce_eager else graph_bytes(limits)
         kv = budget - weights - activation - cache - runtime - graphs
     else:
         kv = explicit
@@ -288,6 +314,11 @@ def plan(shape: ModelShape, limits: EngineLimits, total_bytes: int | None = None
         errors=tuple(errors),
         warnings=tuple(warnings),
     )
+
+
+def graph_bytes(limits: EngineLimits) -> int:
+    """The CUDA graphs' memory: vLLM's default set, and what a profile records beyond it."""
+    return CUDA_GRAPH_BYTES + (MORE_GRAPHS_BYTES if limits.more_graphs else 0)
 
 
 def utilization_for(total_bytes: int, geforce: bool = False) -> float:

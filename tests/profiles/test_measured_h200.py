@@ -31,6 +31,7 @@ def _predicted_kv_tokens(utilization: float) -> int:
     assert card is not None
     flags = yaml.safe_load((ROOT / PROFILES_DIR / "h200-141gb.yaml").read_text())
     flags["gpu-memory-utilization"] = utilization
+    del flags["compilation-config"]  # those passes ran vLLM's default CUDA graphs (2026-12-07)
     return plan(load_shape(), EngineLimits.from_flags(flags), card.memory_bytes).kv_tokens
 
 

@@ -10,10 +10,13 @@ import yaml
 
 from app.cli import main
 from app.profiles import PROFILES_DIR, ROOT
-from app.profiles.gpus import CARDS, Card
+from app.profiles.engines import plan_engines, plan_for_card
+from app.profiles.gpus import CARDS, Card, card_for_profile
 from app.profiles.layout import layout_bytes
 from app.profiles.memory import (
+    MORE_GRAPHS_BYTES,
     EngineLimits,
+    MiB,
     cuda_total,
     derive_for_card,
     kv_cache_tokens,
@@ -139,6 +142,60 @@ def test_each_profile_holds_the_memory_models_numbers(card: Card, shape: ModelSh
     assert (result.errors, result.warnings) == ((), ())
 
 
+ENCODER_GRAPHS = '{"cudagraph_mm_encoder": true}'
+SIZES_TO_2048 = json.dumps({"cudagraph_capture_sizes": [1, 2, 4, 512, 1024, 2048]})
+SIZES_TO_512 = json.dumps({"cudagraph_capture_sizes": [1, 2, 4, 256, 512]})
+
+
+@pytest.mark.parametrize(
+    ("config", "more"),
+    [(ENCODER_GRAPHS, True), (SIZES_TO_2048, True), (SIZES_TO_512, False), (None, False)],
+    ids=["encoder-graphs", "sizes-to-2048", "sizes-to-512", "none"],
+)
+def test_more_cuda_graphs_than_vllms_default_come_out_of_the_kv_cache(
+    shape: ModelShape, config: str | None, more: bool
+) -> None:
+    """A profile that records the encoder's graphs or sizes past 512 counts their measured
+    memory; vLLM's own set (sizes to 512) costs what it did."""
+    flags = yaml.safe_load((ROOT / PROFILES_DIR / "a100-80gb.yaml").read_text())
+    card = card_for_profile("a100-80gb")
+    assert card is not None
+    assert "compilation-config" not in flags
+    plain = plan(shape, EngineLimits.from_flags(flags), card.memory_bytes)
+    given = {**flags, "compilation-config": config} if config else flags
+    graphed = plan(shape, EngineLimits.from_flags(given), card.memory_bytes)
+    extra = MORE_GRAPHS_BYTES if more else 0
+    assert graphed.graph_bytes == plain.graph_bytes + extra
+    assert graphed.kv_bytes == plain.kv_bytes - extra
+    assert graphed.budget_bytes == plain.budget_bytes
+
+
+def test_a_compilation_config_that_is_no_json_is_refused(shape: ModelShape) -> None:
+    """The model cannot guess what a malformed config records: it says so (the check reports
+    the key through vLLM's parser)."""
+    flags = yaml.safe_load((ROOT / PROFILES_DIR / "a100-80gb.yaml").read_text())
+    with pytest.raises(ValueError, match="Expecting property name"):
+        EngineLimits.from_flags({**flags, "compilation-config": "{cudagraph_mm_encoder: yes"})
+
+
+def test_engines_beside_each_other_give_the_more_graphs_up_from_their_fixed_kv_cache(
+    shape: ModelShape,
+) -> None:
+    """Two engines have a fixed KV cache, so the graphs would come on top of the measured
+    overhead: each KV cache is smaller by their memory instead, and the H100's profile, which
+    records them, is planned so."""
+    card = card_for_profile("h100-80gb")
+    assert card is not None
+    plain = plan_engines(shape, card.memory_bytes, 2)
+    graphed = plan_engines(shape, card.memory_bytes, 2, more_graphs=True)
+    plain_kv, graphed_kv = plain.limits.kv_cache_memory_bytes, graphed.limits.kv_cache_memory_bytes
+    assert plain_kv is not None
+    assert graphed_kv is not None
+    assert plain_kv - graphed_kv == pytest.approx(MORE_GRAPHS_BYTES, abs=MiB)
+    assert graphed.overhead_bytes == plain.overhead_bytes + MORE_GRAPHS_BYTES
+    assert plan_for_card(card, shape, 2).limits.kv_cache_memory_bytes == graphed_kv
+
+
 def test_plan_command_reports_the_kv_budget(capsys: pytest.CaptureFixture[str]) -> None:
     """`ocrvl profile plan --gpu-mem-gib 24` prints the budget split and the pages that fit."""
     assert main(["profile", "plan", "--gpu-mem-gib", "24", "--max-num-seqs", "64"]) == 0
@@ -151,6 +208,22 @@ def test_plan_command_fails_a_config_that_cannot_start(capsys: pytest.CaptureFix
     """Exit status 1 and the reason when the KV memory would be negative."""
     assert main(["profile", "plan", "--gpu-mem-gib", "24", "--utilization", "0.15"]) == 1
     assert "negative KV memory" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("profile", ["h100-80gb", "h200-141gb", "a100-80gb"])
+def test_a_profiles_memory_comments_are_what_the_plan_command_prints(
+    profile: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The lines from "The largest share" to max-num-batched-tokens are `plan --yaml`'s, their
+    KV cache less the CUDA graphs the profile records (the H100's and H200's; the A100's none)."""
+    assert main(["profile", "plan", "--profile", profile, "--yaml"]) == 0
+    printed = capsys.readouterr().out
+    text = (ROOT / PROFILES_DIR / f"{profile}.yaml").read_text()
+    start = text.index("# The largest share")
+    end = text.index("\n", text.index("max-num-batched-tokens:")) + 1
+    assert text[start:end] == printed
+    graphs = "CUDA graphs 1.18 GiB" if profile != "a100-80gb" else "CUDA graphs 0.27 GiB"
+    assert graphs in printed
 
 
 def test_plan_command_prints_the_yaml_block(capsys: pytest.CaptureFixture[str]) -> None:
