@@ -187,8 +187,10 @@ def plan_engines(
 
 def profile_more_graphs(profile: str | None) -> bool:
     """Whether vllm_configs/PROFILE.yaml records more CUDA graphs than vLLM's default."""
+    if profile is None:
+        return False
     path = ROOT / PROFILES_DIR / f"{profile}.yaml"
-    if profile is None or not path.is_file():
+    if not path.is_file():
         return False
     return more_graphs(yaml.safe_load(path.read_text()).get("compilation-config"))
 

@@ -99,8 +99,11 @@ def more_graphs(value: object) -> bool:
     config = json.loads(str(value)) if value is not None else {}
     if not isinstance(config, dict):
         return False
-    sizes = config.get("cudagraph_capture_sizes") or []
-    return config.get("cudagraph_mm_encoder") is True or max(sizes, default=0) > MORE_GRAPHS_FROM
+    sizes = config.get("cudagraph_capture_sizes")
+    past = isinstance(sizes, list) and any(
+        isinstance(size, int) and size > MORE_GRAPHS_FROM for size in sizes
+    )
+    return config.get("cudagraph_mm_encoder") is True or past
 
 
 def _count(value: object) -> int:
