@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from bench.gpu import method, report, run
 from bench.gpu.method import Record
@@ -632,3 +633,21 @@ def test_a_variant_that_names_its_engines_has_a_gateway_in_front_of_those_alone(
     assert "cudagraph_mm_encoder" in given["host"]["serve_env"]["BENCH_VLLM_ARGS_8119"]
     # 8118 without the CUDA graphs the profile records since this plan ran (as it then shipped)
     assert given["host"]["serve_env"]["BENCH_VLLM_ARGS_8118"] == "--compilation-config={}"
+
+
+def test_the_whole_page_graphs_plan_reads_the_profiles_graphs_against_vllms_default() -> None:
+    """plans/h100-graphs-whole.json: 8119 as the profile ships (its compilation-config, nothing
+    on top), 8118 with vLLM's default graphs; both variants whole pages, each on its own engine."""
+    given = plan("h100-graphs-whole.json")
+    env = given["host"]["serve_env"]
+    assert env["BENCH_VLLM_ARGS_8118"] == "--compilation-config={}"
+    assert "BENCH_VLLM_ARGS_8119" not in env
+    assert "compilation-config" not in env["BENCH_VLLM_ARGS"]
+    assert given["host"]["profile"] == "h100-80gb"
+    flags = yaml.safe_load((PLANS.parents[2] / "vllm_configs" / "h100-80gb.yaml").read_text())
+    assert "cudagraph_mm_encoder" in flags["compilation-config"]
+    engines = {v["name"]: (v["layout"], v["env"]["OCRVL_BACKENDS"]) for v in given["variants"]}
+    assert engines == {
+        "plain": ("off", "http://127.0.0.1:8118;capacity=256"),
+        "graphs": ("off", "http://127.0.0.1:8119;capacity=256"),
+    }
