@@ -30,14 +30,15 @@ import yaml
 from app.profiles import PROFILES_DIR, ROOT
 from app.profiles.gpus import Card
 from app.profiles.memory import (
+    CUDA_GRAPH_BYTES,
     MAX_NUM_SEQS_CAP,
-    MORE_GRAPHS_BYTES,
     UTILIZATION_CAP,
     EngineLimits,
     MemoryPlan,
     MiB,
     cuda_total,
     derive,
+    graph_bytes,
     layout_share,
     more_graphs,
     plan,
@@ -151,7 +152,8 @@ def plan_engines(
     total = cuda_total(total_bytes)
     usable = total - MPS_SERVER_BYTES - layout
     each = usable // engines
-    overhead = ENGINE_OVERHEAD_BYTES + (MORE_GRAPHS_BYTES if more_graphs else 0)
+    # the measured overhead held vLLM's default graphs; what the profile records beyond them
+    overhead = ENGINE_OVERHEAD_BYTES + graph_bytes(limits) - CUDA_GRAPH_BYTES
     kv = (each - overhead - ENGINE_MARGIN_BYTES) // MiB * MiB
     share = min(math.floor(UTILIZATION_CAP / engines * 100), math.floor(each / total * 100)) / 100
     limits = replace(limits, gpu_memory_utilization=share, kv_cache_memory_bytes=kv)
