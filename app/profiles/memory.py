@@ -54,13 +54,17 @@ CUDA_GRAPH_BYTES = round(0.27 * GiB)
 budget and the pool took 0.27 GiB (bench/results/gpu-h200-2026-12-01.md). The larger figure, so the
 model stays on the safe side; it was 0.5 GiB before it was measured."""
 
-MORE_GRAPHS_BYTES = round(0.91 * GiB)
+MORE_GRAPHS_BYTES = round(1.77 * GiB)
 """What a profile's `compilation-config` adds when it records more graphs than vLLM's default:
 the vision encoder's (`cudagraph_mm_encoder`, 16 token budgets to 8,192) and the language model's
-capture sizes past 512 (to 2,048). Measured side by side on one H100 (the twenty-sixth pass,
-bench/results/gpu-h100-2026-12-07-encoder-graphs-raw.tar.gz, vLLM 0.32.0, max-num-seqs 256):
-"Graph capturing finished ..., took 1.56 GiB" with them against 0.65 GiB without, in
-vllm-8119.log and vllm-8118.log. vLLM takes its own estimate of both out of the budget
+capture sizes past 512 (to 2,048). Measured on one H100 (the twenty-seventh pass,
+bench/results/gpu-h100-2026-12-07-graphs-whole-raw.tar.gz, vLLM 0.32.0, max-num-seqs 256):
+"Graph capturing finished ..., took 2.04 GiB" with them against 0.27 GiB without (vllm-8119.log,
+vllm-8118.log), the two captures one after the other. vLLM's figure is the device's free memory
+before and after the capture, so engines capturing at once count each other's: the
+twenty-sixth pass's overlapping captures read 1.56 against 0.65 (0.91 more, this constant's
+value until then). One engine alone (the twenty-third pass) took 1.78 GiB with the encoder's
+graphs (14 budgets) against 0.15 without. vLLM takes its own estimate of both out of the budget
 (`profile_cudagraph_memory`); the model counts the difference, since the default's figure above
 stays as measured before."""
 MORE_GRAPHS_FROM = 512
