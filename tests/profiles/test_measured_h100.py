@@ -37,12 +37,19 @@ class Capture(NamedTuple):
     encoder: bool  # the log's engine captured the vision encoder's graphs
 
 
-def captures(tarball: Path, member: str) -> list[Capture]:
-    """Every capture one vLLM log records, in order."""
+def captures(tarball: Path, *members: str) -> list[list[Capture]]:
+    """Every capture each named vLLM log records, in order, the tarball read once."""
     with tarfile.open(tarball) as tar:
-        handle = tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith(member)))
-        assert handle is not None
-        text = handle.read().decode()
+        files = tar.getmembers()
+        texts = []
+        for member in members:
+            handle = tar.extractfile(next(f for f in files if f.name.endswith(member)))
+            assert handle is not None
+            texts.append(handle.read().decode())
+    return [_parse(text) for text in texts]
+
+
+def _parse(text: str) -> list[Capture]:
     encoder, found = ENCODER_LINE in text, []
     for match in CAPTURE.finditer(text):
         end = datetime.strptime(match[1], "%m-%d %H:%M:%S")
@@ -58,8 +65,7 @@ def test_the_extra_graphs_cost_what_two_engines_logged_one_after_the_other() -> 
     """The twenty-seventh pass: engine 8119 with the profile's compilation-config took 2.04 GiB,
     8118 with vLLM's default 0.27, their captures one after the other; the model's default term
     is 8118's and the extra term the difference."""
-    (plain,) = captures(GRAPHS_WHOLE, "logs/vllm-8118.log")
-    (graphs,) = captures(GRAPHS_WHOLE, "logs/vllm-8119.log")
+    [plain], [graphs] = captures(GRAPHS_WHOLE, "logs/vllm-8118.log", "logs/vllm-8119.log")
     assert (plain.encoder, graphs.encoder) == (False, True)
     assert not overlap(plain, graphs)
     assert (plain.gib, graphs.gib) == (0.27, 2.04)
@@ -70,8 +76,7 @@ def test_the_extra_graphs_cost_what_two_engines_logged_one_after_the_other() -> 
 def test_captures_at_the_same_time_do_not_give_the_extra() -> None:
     """The twenty-sixth pass's two captures overlapped, and their difference (0.91 GiB, the
     model's term until the twenty-seventh pass) is not what the graphs cost: its sum is."""
-    (plain,) = captures(ENCODER_GRAPHS, "logs/vllm-8118.log")
-    (graphs,) = captures(ENCODER_GRAPHS, "logs/vllm-8119.log")
+    [plain], [graphs] = captures(ENCODER_GRAPHS, "logs/vllm-8118.log", "logs/vllm-8119.log")
     assert (plain.encoder, graphs.encoder) == (False, True)
     assert overlap(plain, graphs)
     assert graphs.gib - plain.gib < MORE_GRAPHS_BYTES / GiB - 0.8
@@ -83,7 +88,7 @@ def test_one_engine_alone_with_the_encoders_graphs_stays_under_the_extra() -> No
     """The twenty-third pass ran one engine on the card: the encoder's graphs (14 budgets, the
     language model's default sizes) took 1.78 GiB against 0.15 without, under the model's extra,
     which also holds 2 more budgets and the language model's sizes past 512."""
-    alone = captures(ENCODER, "logs-graphs/vllm-8118.log")[-1]  # the first is vLLM's profiling
-    without = captures(ENCODER, "logs-fused/vllm-8118.log")[-1]
+    graphed, fused = captures(ENCODER, "logs-graphs/vllm-8118.log", "logs-fused/vllm-8118.log")
+    alone, without = graphed[-1], fused[-1]  # each log's first capture is vLLM's profiling
     assert (alone.encoder, alone.gib, without.encoder, without.gib) == (True, 1.78, False, 0.15)
     assert alone.gib - without.gib <= MORE_GRAPHS_BYTES / GiB
