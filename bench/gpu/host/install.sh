@@ -6,8 +6,7 @@ set -euo pipefail
 cat /tmp/chunks/whl.tar.part* > /tmp/whl.tar
 [ "$(sha256sum /tmp/whl.tar | cut -d' ' -f1)" = "$(cat /tmp/chunks/SHA256)" ] || { echo "sha256 mismatch: a part is missing or broken" >&2; exit 1; }
 rm -rf /tmp/whl && mkdir -p /tmp/whl && tar -xf /tmp/whl.tar -C /tmp/whl && rm /tmp/whl.tar
-# The wheels unpacked 16 at a time: the files and executable bits pip --no-deps --no-compile
-# --target lays out for this set (compared file by file, 2026-12-07), without pip's one at a time.
+# Unpacked 16 at a time: the files and modes pip --no-deps --target laid out (compared 2026-12-07)
 python3 - /tmp/whl/.whl/*.whl <<'EOF'
 import os, shutil, sys, zipfile
 from concurrent.futures import ProcessPoolExecutor
@@ -27,9 +26,8 @@ with ProcessPoolExecutor(16) as pool:
 EOF
 rm -rf /tmp/whl
 . "$(dirname "$0")/env.sh"
-# The project's vLLM plugin (engine/vllm_plugin: the packed vision encoder, on by default, off with
-# VLLM_PLUGINS=) beside vLLM; --target writes its entry point's metadata there, where vLLM's plugin
-# loader finds it through PYTHONPATH. Built by the host's own setuptools (no index).
+# The project's vLLM plugin (engine/vllm_plugin, off with VLLM_PLUGINS=) beside vLLM, its entry point
+# where vLLM's loader finds it through PYTHONPATH; built by the host's own setuptools (no index).
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade --target /tmp/site032 engine/vllm_plugin
 # The layout service (engine/layout, issue 36) beside them, for scripts/serve.sh and
 # bench.gpu.run (`python3 -m ocrvl_layout`); everything it imports is the host's or vLLM's.
