@@ -456,12 +456,19 @@ def test_a_variant_with_its_own_settings_is_loaded_through_its_own_gateway(
     assert run.gateway(p, layout) == "http://127.0.0.1:8021"
     assert method.order([v["name"] for v in given["variants"]], given["windows"]) == [
         "layout", "headroom", "headroom", "layout", "layout", "headroom"]  # fmt: skip
-    whole = plan("h100-engines.json")
+    whole = plan("h100-method2.json")
     p = run.Pass(whole | {"host": whole["host"] | {"results": str(tmp_path / "res")}},
                  tmp_path / "out")  # fmt: skip
     assert run.own_gateways(p) == {}
     assert [run.gateway(p, v) for v in whole["variants"][:2]] == [
         "http://127.0.0.1:8000", "http://127.0.0.1:8020"]  # fmt: skip
+    engines = plan("h100-engines.json")  # one engine of two by its own gateway, both by serve's
+    p = run.Pass(engines | {"host": engines["host"] | {"results": str(tmp_path / "res")}},
+                 tmp_path / "out")  # fmt: skip
+    assert run.own_gateways(p) == {
+        "gateway-one": (8021, {"OCRVL_BACKENDS": "http://127.0.0.1:8118;capacity=256"})}
+    assert [run.gateway(p, v) for v in engines["variants"]] == [
+        "http://127.0.0.1:8021", "http://127.0.0.1:8000"]  # fmt: skip
 
 
 def test_a_window_records_the_cpu_each_process_used_and_the_report_puts_it_per_token(
