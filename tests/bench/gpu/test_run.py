@@ -466,7 +466,8 @@ def test_a_variant_with_its_own_settings_is_loaded_through_its_own_gateway(
     p = run.Pass(engines | {"host": engines["host"] | {"results": str(tmp_path / "res")}},
                  tmp_path / "out")  # fmt: skip
     assert run.own_gateways(p) == {
-        "gateway-one": (8021, {"OCRVL_BACKENDS": "http://127.0.0.1:8118;capacity=256"})}
+        "gateway-one": (8021, {"OCRVL_BACKENDS": "http://127.0.0.1:8118;capacity=256"})
+    }
     assert [run.gateway(p, v) for v in engines["variants"]] == [
         "http://127.0.0.1:8021", "http://127.0.0.1:8000"]  # fmt: skip
 
