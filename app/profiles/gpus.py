@@ -86,7 +86,8 @@ CARDS: tuple[Card, ...] = (
     ),
     Card(
         "h100-80gb", "NVIDIA H100 80GB", r"\bH100\b", 81559, 9.0,
-        grounds="two are expected faster, as on the H200, but were never measured on an H100",
+        grounds="two read 1.38x one in one window each; one until method 2's three windows a"
+        " variant confirm it (docs/engines-per-gpu.md)",
     ),
     Card(
         "h200-141gb", "NVIDIA H200", r"\bH200\b", 143771, 9.0,

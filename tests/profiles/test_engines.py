@@ -206,13 +206,15 @@ def test_each_profile_header_states_its_engines_per_gpu(card: Card, shape: Model
 
 def test_only_the_measured_h200_runs_two_engines_and_the_cpu_profile_one() -> None:
     """Measured on an H200 only (bench/results/gpu-h200-2026-12-01-hey-mps*), so only its class
-    defaults to two: the H100's two are modelled, and a class not measured keeps one, saying so;
-    cpu.yaml says 1."""
+    defaults to two: the H100's two read faster in one window each (bench/results/
+    gpu-h100-2026-12-07-engines*), not in method 2's three, so it keeps one and says why; a class
+    not measured keeps one, saying so; cpu.yaml says 1."""
     assert [card.profile for card in CARDS if card.engines_measured] == ["h200-141gb"]
     assert "# Engines: 1." in (ROOT / PROFILES_DIR / "cpu.yaml").read_text()
     assert [card.profile for card in CARDS if card.engines_per_gpu == 2] == ["h200-141gb"]
     h100 = engines_paragraph(card_for_profile("h100-80gb") or CARDS[0])
-    assert "never measured" in h100
+    assert "one window each" in h100
+    assert "method 2's three" in h100
 
 
 def test_the_plan_flags_are_vllm_flags_and_win_over_the_profile(
