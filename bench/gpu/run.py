@@ -10,8 +10,8 @@ host, the corpus, the window rules, the variants and the device calls, each a li
                   its web stack and the load client in .whl (bench/gpu/wheels_layout.txt)
     prepare       the full-size random-weight checkpoints the host names (`model`, `layout_model`),
                   written in the background: every stage but `floor` waits for them
-    floor         the corpus's requests (bench.gpu.corpus work) and the floor of each variant's
-                  (bench.gpu.floor: `whole` for layout off, `blocks` for layout on), GPU idle
+    floor         the corpus's requests (bench.gpu.corpus work) and each variant's floor (bench.
+                  gpu.floor: `whole` layout off, `blocks` on), GPU idle, its clocks in floor.gpu.csv
     up, ready     `make serve`'s scripts/serve.sh with the plan's profile, the layout service on;
                   once ready, the stand-in layout service (bench.gpu.layout_standin: the corpus's
                   boxes, each page forwarded to the real service first) and a second gateway in
@@ -151,6 +151,8 @@ PIP = ["python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no
 # py-spy into a folder of its own: pip --target keeps a bin/ it finds (vLLM's install made one)
 PY_SPY = "/tmp/pyspy/bin/py-spy"  # noqa: S108
 TICKS = os.sysconf("SC_CLK_TCK")  # /proc's CPU times are in these
+GPU_QUERY = "name,timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,pstate"
+SMI = [shutil.which("nvidia-smi") or "true", "--format=csv", "-l", "5", f"--query-gpu={GPU_QUERY}"]
 WRAPPER = ('#!/bin/sh\nset -f\nfor a; do [ "$b" = --port ] && port=$a; b=$a; done\neval '
            '"more=\\${BENCH_VLLM_ARGS_${port:-0}:-}"\nexec python3 -m vllm.entrypoints.cli.main '
            '"$@" ${BENCH_VLLM_ARGS:-} $more\n')  # fmt: skip
@@ -203,9 +205,11 @@ def floor(p: Pass) -> None:
     p.run([host["python"], "-m", "bench.gpu.corpus", "work", "--pages", str(corpus["floor_pages"]),
            "--median", str(corpus["median"]), "--sigma", str(corpus["sigma"]),
            "--out", str(work)])  # fmt: skip
-    for variant in ("whole", "blocks"):
-        p.run([host["engine_python"], "-m", "bench.gpu.floor", "--work", str(work), "--variant",
-               variant, "--out", str(p.res), *host.get("floor_args", [])])  # fmt: skip
+    with (p.res / "floor.gpu.csv").open("wb") as f, subprocess.Popen(SMI, stdout=f) as gpu:
+        for variant in ("whole", "blocks"):  # the GPU's clocks beside it, as beside a load
+            p.run([host["engine_python"], "-m", "bench.gpu.floor", "--work", str(work), "--variant",
+                   variant, "--out", str(p.res), *host.get("floor_args", [])])  # fmt: skip
+        gpu.terminate()
 
 
 def vit(p: Pass) -> None:
@@ -306,10 +310,7 @@ def window(p: Pass, indices: list[int]) -> None:
     if (cap := room(p, names)) is None:
         return
     before, cpu = reads.snapshot(url, engines, p.url("layout")), cpu_seconds()
-    smi = [shutil.which("nvidia-smi") or "true", "--format=csv", "-l", "5", "--query-gpu=name,"
-           "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,"
-           "pstate"]  # fmt: skip
-    with (p.res / f"{names[0]}.gpu.csv").open("wb") as f, subprocess.Popen(smi, stdout=f) as gpu:
+    with (p.res / f"{names[0]}.gpu.csv").open("wb") as f, subprocess.Popen(SMI, stdout=f) as gpu:
         try:  # the GPU's clocks, power and use every 5 s beside the load
             p.run(load(p, ",".join(names), url, cap, variant["concurrency"], "--api", "ocr",
                        "--layout", variant["layout"]))  # fmt: skip

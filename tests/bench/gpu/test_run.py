@@ -659,3 +659,28 @@ def test_the_whole_page_graphs_plan_reads_the_profiles_graphs_against_vllms_defa
         "plain": ("off", "http://127.0.0.1:8118;capacity=256"),
         "graphs": ("off", "http://127.0.0.1:8119;capacity=256"),
     }
+
+
+def test_the_floor_keeps_the_gpus_clocks_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The twenty-ninth pass could say the load's clocks but not the floor's: `floor` now runs
+    the windows' nvidia-smi sampler beside both floors into RES/floor.gpu.csv, and stops it."""
+    calls, pid = tmp_path / "calls", tmp_path / "sampler.pid"
+    p = run.Pass(plan("h100-engines.json") | {"host": {"results": str(tmp_path), "ports": 0}},
+                 tmp_path / "out")  # fmt: skip
+    row = "NVIDIA H100 80GB HBM3, 1980 MHz"
+    monkeypatch.setattr(run, "SMI", ["sh", "-c", f'echo $$ > {pid}; echo "name, clocks.sm"; '
+                                     f'while :; do echo "{row}"; sleep 0.05; done'])  # fmt: skip
+    fake = tmp_path / "python"  # corpus and floor: each call noted; a floor waits for a sample
+    fake.write_text(f'#!/bin/sh\necho "$2 $6" >> {calls}\n[ "$2" = bench.gpu.floor ] || exit 0\n'
+                    f"for i in $(seq 200); do grep -qs NVIDIA {p.res}/floor.gpu.csv && exit 0; "
+                    "sleep 0.05; done; exit 1\n")  # at most 10 s without a sample  # fmt: skip
+    fake.chmod(0o755)
+    p.host |= {"python": str(fake), "engine_python": str(fake)}
+    run.floor(p)
+    assert calls.read_text().splitlines()[1:] == ["bench.gpu.floor whole", "bench.gpu.floor blocks"]
+    rows = (p.res / "floor.gpu.csv").read_text().splitlines()
+    assert rows[0] == "name, clocks.sm"
+    assert row in rows[1:]
+    assert run.gone(int(pid.read_text()))  # stopped with the stage, not left sampling
