@@ -21,12 +21,10 @@ host, the corpus, the window rules, the variants and the device calls, each a li
                   call's next `window I+1` of the same variant, one load), the /metrics and every
                   process's CPU seconds around it (NN-VARIANT.cpu.json), the GPU's clocks beside
                   it (.gpu.csv): fails (the call stops) when the engines did not read it (reads.py)
-    vit           the vision tower's attention (issue 50 item 3): bench.gpu.encoder_check with
-                  the plan's `vit` options, the plugin's modes and vLLM's backends timed and checked
-                  on the idle GPU, into RES/vit-attention.json
+    vit           the vision tower's attention (issue 50 item 3): bench.gpu.encoder_check, the
+                  plan's `vit` options, timed and checked on the idle GPU: RES/vit-attention.json
     spy           past the windows, py-spy's samples of the `spy.variant` load's processes (`up`'s,
-                  and the layout variant's gateway and stand-in) for `spy.seconds`, and the
-                  busiest processes, threads and frames (`busiest`), into RES/spy-VARIANT.{txt,json}
+                  the layout variant's gateway, stand-in) for `spy.seconds`: RES/spy-VARIANT.*
     alone I       the I-th window of the layout service alone (/v1/layout) in its settings'
                   A B B A order (`alone.services`, each on its own port from the first on), its
                   /metrics before and after and `top -H` of its threads beside it
@@ -65,9 +63,8 @@ BACKEND_KEY = "sk-backend-pass"
 
 
 def gone(pid: int) -> bool:
-    """Whether `pid` ended: no such process, or a zombie (a child of this call that nothing has
-    waited for yet, which `kill(pid, 0)` and /proc still find: `ready` waited out its deadline on
-    a make serve that had exited, `down` 20 s on each stopped leader)."""
+    """Whether `pid` ended: no such process, or a zombie (a child not waited for yet, which
+    `kill(pid, 0)` and /proc still find: `ready` waited out its deadline on an exited one)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -206,10 +203,13 @@ def floor(p: Pass) -> None:
            "--median", str(corpus["median"]), "--sigma", str(corpus["sigma"]),
            "--out", str(work)])  # fmt: skip
     with (p.res / "floor.gpu.csv").open("wb") as f, subprocess.Popen(SMI, stdout=f) as gpu:
-        for variant in ("whole", "blocks"):  # the GPU's clocks beside it, as beside a load
-            p.run([host["engine_python"], "-m", "bench.gpu.floor", "--work", str(work), "--variant",
-                   variant, "--out", str(p.res), *host.get("floor_args", [])])  # fmt: skip
-        gpu.terminate()
+        try:  # the GPU's clocks beside it, as beside a load
+            for variant in ("whole", "blocks"):
+                p.run([host["engine_python"], "-m", "bench.gpu.floor", "--work", str(work),
+                       "--variant", variant, "--out", str(p.res),
+                       *host.get("floor_args", [])])  # fmt: skip
+        finally:
+            gpu.terminate()
 
 
 def vit(p: Pass) -> None:
