@@ -39,6 +39,7 @@ short returns what it measured; a window that cannot end before the call's `limi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -52,6 +53,7 @@ import tarfile
 import time
 import urllib.request
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -202,14 +204,10 @@ def floor(p: Pass) -> None:
     p.run([host["python"], "-m", "bench.gpu.corpus", "work", "--pages", str(corpus["floor_pages"]),
            "--median", str(corpus["median"]), "--sigma", str(corpus["sigma"]),
            "--out", str(work)])  # fmt: skip
-    with (p.res / "floor.gpu.csv").open("wb") as f, subprocess.Popen(SMI, stdout=f) as gpu:
-        try:  # the GPU's clocks beside it, as beside a load
-            for variant in ("whole", "blocks"):
-                p.run([host["engine_python"], "-m", "bench.gpu.floor", "--work", str(work),
-                       "--variant", variant, "--out", str(p.res),
-                       *host.get("floor_args", [])])  # fmt: skip
-        finally:
-            gpu.terminate()
+    with beside(SMI, p.res / "floor.gpu.csv"):  # the GPU's clocks, as beside a load
+        for variant in ("whole", "blocks"):
+            p.run([host["engine_python"], "-m", "bench.gpu.floor", "--work", str(work), "--variant",
+                   variant, "--out", str(p.res), *host.get("floor_args", [])])  # fmt: skip
 
 
 def vit(p: Pass) -> None:
@@ -310,12 +308,9 @@ def window(p: Pass, indices: list[int]) -> None:
     if (cap := room(p, names)) is None:
         return
     before, cpu = reads.snapshot(url, engines, p.url("layout")), cpu_seconds()
-    with (p.res / f"{names[0]}.gpu.csv").open("wb") as f, subprocess.Popen(SMI, stdout=f) as gpu:
-        try:  # the GPU's clocks, power and use every 5 s beside the load
-            p.run(load(p, ",".join(names), url, cap, variant["concurrency"], "--api", "ocr",
-                       "--layout", variant["layout"]))  # fmt: skip
-        finally:
-            gpu.terminate()
+    with beside(SMI, p.res / f"{names[0]}.gpu.csv"):  # the GPU's clocks, power and use
+        p.run(load(p, ",".join(names), url, cap, variant["concurrency"], "--api", "ocr",
+                   "--layout", variant["layout"]))  # fmt: skip
     after, spent = reads.snapshot(url, engines, p.url("layout")), cpu_seconds()
     made = reads.engines_moved(before, after, "vllm:generation_tokens")  # what the CPU bought
     used = {"generated_tokens": made, "cpu_s": sorted(
@@ -331,6 +326,16 @@ def window(p: Pass, indices: list[int]) -> None:
     print(f"{','.join(names)}: {found}", flush=True)
     if found["fault"]:
         raise RuntimeError(f"{','.join(names)} did not measure the engines: {found['fault']}")
+
+
+@contextlib.contextmanager
+def beside(sampler: list[str], path: Path, **popen: Any) -> Iterator[None]:
+    """`sampler` (SMI, top) writing to `path` while the block runs, stopped however it ends."""
+    with path.open("wb") as out, subprocess.Popen(sampler, stdout=out, **popen) as running:
+        try:
+            yield
+        finally:
+            running.terminate()
 
 
 def cpu_seconds() -> dict[str, float]:
@@ -364,16 +369,11 @@ def alone(p: Pass, index: int) -> None:
     stem, url = f"alone-{index:02d}-{name}", f"http://127.0.0.1:{ports[name]}"
     pid = (WORK / f"layout-{name}.pid").read_text().strip()
     (p.res / f"{stem}.metrics-before.txt").write_text(reads.fetch(url + "/metrics"))
-    with (p.res / f"{stem}.top.txt").open("wb") as out:  # the service's threads, every 5 s
-        top = subprocess.Popen(["top", "-b", "-H", "-d", "5", "-w", "200", "-p", pid],
-                               stdout=out, stderr=subprocess.DEVNULL)  # fmt: skip
-        try:
-            if (cap := room(p, [stem])) is not None:
-                p.run(load(p, stem, url, cap, given["concurrency"], "--api", "layout",
-                           "--seed", str(index)))  # fmt: skip
-        finally:
-            top.terminate()
-            top.wait()
+    top = ["top", "-b", "-H", "-d", "5", "-w", "200", "-p", pid]  # the service's threads
+    with beside(top, p.res / f"{stem}.top.txt", stderr=subprocess.DEVNULL):
+        if (cap := room(p, [stem])) is not None:
+            p.run(load(p, stem, url, cap, given["concurrency"], "--api", "layout",
+                       "--seed", str(index)))  # fmt: skip
     (p.res / f"{stem}.metrics-after.txt").write_text(reads.fetch(url + "/metrics"))
 
 
