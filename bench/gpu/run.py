@@ -509,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = json.loads(args.plan.read_text())
     out = Path(os.environ.get("OUT") or plan["host"].get("out", "/tmp/gpu-out"))  # noqa: S108
-    words = list(args.stages) or " ".join(plan["calls"][args.call]).split()
+    words = " ".join(args.stages or plan["calls"][args.call]).split()  # "window 0" quoted too
     return stages(Pass(plan, out), words)
 
 

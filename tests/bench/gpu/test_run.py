@@ -684,3 +684,16 @@ def test_the_floor_keeps_the_gpus_clocks_beside_it(
     assert rows[0] == "name, clocks.sm"
     assert row in rows[1:]
     assert run.gone(int(pid.read_text()))  # stopped with the stage, not left sampling
+
+
+def test_a_stage_named_in_quotes_is_read_as_its_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python3 -m bench.gpu.run PLAN ready "window 0"` runs window 0: the thirty-first pass's
+    call quoted it, and the harness took it for one unknown stage."""
+    seen: list[list[str]] = []
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(run, "stages", lambda p, words: seen.append(words) or 0)
+    assert run.main([str(PLANS / "h100-engines3.json"), "ready", "window 0"]) == 0
+    assert run.main([str(PLANS / "h100-engines3.json"), "--call", "45"]) == 0
+    assert seen == [["ready", "window", "0"], ["ready", "window", "0"]]
