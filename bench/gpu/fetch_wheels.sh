@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Gather the wheel set of a pinned list (default bench/gpu/wheels_032.txt: vLLM 0.32.0 + torch
 # 2.13.0 for the offline H200 host, Python 3.12), tar it and split it into parts of PART_MIB MiB
-# (default 40: a part and the checkout, 20.5 MiB of disk after the 2026-12-06 passes, stay under
+# (default 36: a part and the checkout, 24.9 MiB of disk after the 2026-12-07 passes, stay under
 # the 64 MiB a call carries, counted as disk use; bench/gpu/README.md).
 #   bash bench/gpu/fetch_wheels.sh DEST [LIST]     (DEST: a git-ignored folder of the checkout)
 # Wheels already in $WHEEL_CACHE (default /tmp/vdl) are copied instead of downloaded.
@@ -32,7 +32,7 @@ n=$(ls "$dest/.whl" | wc -l); want=$(echo "$reqs" | wc -l)
 [ "$n" -eq "$want" ] || { echo "expected $want wheels, got $n" >&2; exit 1; }
 echo "$n wheels, $(du -sm "$dest/.whl" | cut -f1) MiB"
 (cd "$dest" && tar -cf whl.tar .whl && sha256sum whl.tar | cut -d' ' -f1 > SHA256 \
-  && split -b "${PART_MIB:-40}M" -d -a 3 whl.tar whl.tar.part && rm whl.tar)
+  && split -b "${PART_MIB:-36}M" -d -a 3 whl.tar whl.tar.part && rm whl.tar)
 k=0; for part in "$dest"/whl.tar.part*; do k=$((k+1)); mkdir -p "$dest/chunk$k"; mv "$part" "$dest/chunk$k/"; done
 cp "$dest/SHA256" "$dest/chunk$k/"
 mkdir -p "$dest/scripts" && cp "$here"/host/*.sh "$dest/scripts/"
