@@ -387,12 +387,12 @@ def spy(p: Pass) -> None:
     if p.left() < seconds + ramp + 60:  # as a window, skipped: the call's next stages run
         print(f"spy skipped: {p.left():.0f} s left in this call", flush=True)
         return
-    url = p.url("gateway" if variant["layout"] == "off" else "layout_gateway")
-    cap = int(ramp + seconds + 20)  # the window's rules past it: the load runs to its cap
+    url, cap, own = gateway(p, variant), int(ramp + seconds + 20), "gateway-" + variant["name"]
     command = load(p, f"{raw.stem}-load", url, cap, variant["concurrency"], "--api", "ocr",
                    "--layout", variant["layout"], "--window", str(cap), "--latencies", "1e9"
                    )  # fmt: skip
-    names = ["serve", *(["layout-gateway", "standin"] if variant["layout"] == "on" else [])]
+    front = own if own in own_gateways(p) else "layout-gateway"  # the gateway the load goes to
+    names = ["serve", *([front, "standin"] if variant["layout"] == "on" else [])]
     parts = [WORK / f"spy.{(WORK / f'{name}.pid').read_text().strip()}" for name in names]
     args = p.host.get("serve_env", {}).get("BENCH_VLLM_ARGS", "")  # the engines' extra flags
     profiler = re.search(r'"torch_profiler_dir": *"([^"]+)"', args)

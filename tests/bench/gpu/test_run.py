@@ -698,3 +698,46 @@ def test_a_stage_named_in_quotes_is_read_as_its_words(
     call = plan("h100-engines3.json")["calls"].index(["ready", "window 0"])
     assert run.main([str(PLANS / "h100-engines3.json"), "--call", str(call)]) == 0
     assert seen == [["ready", "window", "0"], ["ready", "window", "0"]]
+
+
+def test_spy_samples_the_gateway_its_variants_load_goes_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """plans/h200-method2.json's `layout` has settings of its own (the stream interval), so a
+    gateway of its own: py-spy samples that gateway, the one its load goes to, not the stack's
+    layout-first gateway, and make serve's processes and the stand-in beside it."""
+    given = plan("h200-method2.json")
+    assert given["host"]["serve_env"]["OCRVL_ENGINE_STREAM_INTERVAL"] == "8"  # make serve's
+    assert given["variants"][1]["env"] == {"OCRVL_ENGINE_STREAM_INTERVAL": "8"}  # the layout's
+    monkeypatch.setattr(run, "WORK", tmp_path / "work")
+    run.WORK.mkdir()
+    names = ("serve", "layout-gateway", "gateway-layout", "standin")
+    for pid, name in enumerate(names, 100):
+        (run.WORK / f"{name}.pid").write_text(f"{pid}\n")
+    p = run.Pass(given | {"host": given["host"] | {"results": str(tmp_path / "res")}},
+                 tmp_path / "out")  # fmt: skip
+    commands: list[list[str]] = []
+
+    class Recorded:  # a process that ends at once, its command kept
+        def __init__(self, command: list[str], **_: Any) -> None:
+            commands.append(command)
+
+        def __enter__(self) -> Recorded:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            return None
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(run.subprocess, "Popen", Recorded)
+    monkeypatch.setattr(run.time, "sleep", lambda _: None)
+    monkeypatch.setattr(p, "left", lambda: 600.0)
+    monkeypatch.setattr(run, "served_backends", lambda: "http://127.0.0.1:8118;capacity=256")
+    monkeypatch.setattr(run.reads, "fetch", lambda url, body: b"")  # vLLM's profiler, asked
+    run.spy(p)
+    load, *spied = commands
+    assert load[load.index("bench.gpu.load") + 1] == run.gateway(p, given["variants"][1])
+    assert run.gateway(p, given["variants"][1]) != p.url("layout_gateway")
+    assert [command[command.index("--pid") + 1] for command in spied] == ["100", "102", "103"]
