@@ -138,8 +138,8 @@ class Settings(BaseSettings):
         description="Tokens in each event of the streams the gateway reads itself (a document's "
         "pages and blocks, a guarded chat answered whole): vLLM's `stream_interval`, so its API "
         "servers and the gateway handle an event per that many tokens instead of one per token "
-        "(8 eased a CPU host; on an H100 it read fewer pages, docs/benchmarks.md). A client's "
-        "own stream always comes token by token.",
+        "(8 eased a CPU host; on one H100 engine it read fewer pages, on three more by blocks: "
+        "docs/benchmarks.md). A client's own stream always comes token by token.",
     )
     metrics_interval: float = Field(
         default=1.0,
