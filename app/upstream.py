@@ -11,7 +11,8 @@ Failures raise httpx's own exception types, so the relay's failover reads them a
     RemoteProtocolError / ReadError the backend went away before or while answering
     WriteError                      the request could not be written
 
-Probes, metric scrapes and media fetches keep using httpx: they are not per page.
+The layout client's pages use it too (app/documents/layouts.py). Probes, metric scrapes and
+media fetches keep using httpx: they are not per page.
 """
 
 from __future__ import annotations

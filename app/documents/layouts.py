@@ -16,6 +16,11 @@ With `orientation` or `unwarp` asked, a result carries `angle` (orientation) and
 corrected page as a data URL, whenever the page changed; its size and boxes are that image's.
 A service without the step's model answers 400 `model_not_loaded`: the option is not available
 on this deployment (a 400 naming it, never a 5xx).
+
+A page's POST goes over the relay's own HTTP/1.1 client (app/upstream.py): 0.76x the gateway's
+CPU a layout-first page against httpx's (bench/results/README.md, `cpu-layout-client-2026-12-07`).
+Probes (one a service every OCRVL_HEALTH_INTERVAL) and an https:// service, which that client
+does not speak, use httpx.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -39,6 +45,7 @@ from app.closing import cancelled
 from app.documents.blocks import Box
 from app.documents.layout_options import LayoutOptions
 from app.errors import InvalidRequest, LayoutUnavailable, UpstreamError, clip
+from app.upstream import Upstream
 
 if TYPE_CHECKING:
     from prometheus_client import Histogram
@@ -71,6 +78,7 @@ class LayoutService:
         self,
         urls: list[str],
         client: httpx.AsyncClient,
+        upstream: Upstream,
         *,
         timeout: float,
         interval: float,
@@ -81,6 +89,7 @@ class LayoutService:
         self.interval = interval
         self.stages = stages  # ocrvl_layout_stage_seconds, for the pipeline's pages (`timed`)
         self._client = client
+        self._upstream = upstream
         self._turn = itertools.count()
 
     @contextlib.contextmanager
@@ -166,13 +175,11 @@ class LayoutService:
             tried.add(endpoint.url)
             endpoint.in_flight += 1
             try:
-                response = await self._client.post(
-                    f"{endpoint.url}/v1/layout", content=body, headers=headers, timeout=self.timeout
-                )
+                status, content = await self._post(endpoint.url, body, headers)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 endpoint.mark_down(describe(exc))
                 continue
-            except httpx.TimeoutException:
+            except (TimeoutError, httpx.TimeoutException):
                 raise self.unavailable(
                     f"the layout service {endpoint.url} did not answer within "
                     f"{self.timeout:g} s (OCRVL_LAYOUT_TIMEOUT)"
@@ -183,9 +190,25 @@ class LayoutService:
                 ) from None
             finally:
                 endpoint.in_flight -= 1
-            return _located(endpoint.url, response, size, self)
+            return _located(endpoint.url, status, content, size, self)
         why = self.problems() or "none is configured"
         raise self.unavailable(f"no layout service is ready ({why})")
+
+    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        """`POST {url}/v1/layout`, answered within `timeout` (TimeoutError): status and body."""
+        split = urlsplit(url)
+        if split.scheme != "http":
+            answer = await self._client.post(
+                f"{url}/v1/layout", content=body, headers=headers, timeout=self.timeout
+            )
+            return answer.status_code, answer.content
+        async with asyncio.timeout(self.timeout):
+            response = await self._upstream.post(url, f"{split.path}/v1/layout", headers, body)
+            try:
+                content = b"".join([chunk async for chunk in response.aiter_raw()])
+            finally:
+                await response.aclose()
+        return response.status_code, content
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,23 +223,20 @@ class Located:
 
 
 def _located(
-    url: str, response: httpx.Response, size: tuple[int, int], service: LayoutService
+    url: str, status: int, content: bytes, size: tuple[int, int], service: LayoutService
 ) -> Located:
     """The boxes of the service's answer (and the corrected page), checked against the API."""
-    if response.status_code >= 500:
-        raise service.unavailable(
-            f"the layout service {url} answered {response.status_code}: {clip(response.text)}"
-        )
-    if response.status_code == 400 and b"model_not_loaded" in response.content:
-        _not_loaded(response)
-    if response.status_code != 200:
+    if status >= 500:
+        raise service.unavailable(f"the layout service {url} answered {status}: {_text(content)}")
+    if status == 400 and b"model_not_loaded" in content:
+        _not_loaded(content)
+    if status != 200:
         raise UpstreamError(
-            f"the layout service {url} refused the page ({response.status_code}): "
-            f"{clip(response.text)}",
+            f"the layout service {url} refused the page ({status}): {_text(content)}",
             code="layout_failed",
         )
     try:
-        result = orjson.loads(response.content)["results"][0]
+        result = orjson.loads(content)["results"][0]
         measured = (result["width"], result["height"])
         boxes = [_box(item) for item in result["boxes"]]
         angle, image = result.get("angle"), result.get("image")
@@ -232,10 +252,14 @@ def _located(
     return Located(boxes, measured, angle, image)
 
 
-def _not_loaded(response: httpx.Response) -> None:
+def _text(content: bytes) -> str:
+    return clip(content.decode("utf-8", errors="replace"))
+
+
+def _not_loaded(content: bytes) -> None:
     """A step the service has no model for: the option is not available here (400)."""
     try:
-        error = orjson.loads(response.content)["error"]
+        error = orjson.loads(content)["error"]
         param, message = str(error.get("param")), str(error.get("message"))
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
         return
@@ -339,8 +363,12 @@ async def open_layouts(
         trust_env=False,  # a host's HTTP_PROXY must not capture the pages
     )
     await stack.enter_async_context(client)
+    upstream = Upstream(
+        settings.max_connections, settings.keepalive_expiry, settings.connect_timeout
+    )
+    stack.callback(upstream.close)
     service = LayoutService(
-        settings.layout_url, client, timeout=settings.layout_timeout,
+        settings.layout_url, client, upstream, timeout=settings.layout_timeout,
         interval=settings.health_interval, stages=stages,
     )  # fmt: skip
     await service.probe_all()

@@ -15,7 +15,9 @@ import orjson
 import pytest
 from starlette.types import Receive, Scope, Send
 
+from app.documents.layout_options import LayoutOptions
 from app.documents.layouts import open_layouts
+from app.errors import LayoutUnavailable
 from app.main import create_app
 from tests.conftest import settings_for
 from tests.documents.test_layout_gateway import (
@@ -29,7 +31,7 @@ from tests.documents.test_layout_gateway import (
 from tests.support.documents import pdf
 from tests.support.layout_standin import LayoutStandin, box
 from tests.support.prometheus import metric
-from tests.support.servers import ThreadedServer, refused_url, serving
+from tests.support.servers import ThreadedServer, read_body, refused_url, serving
 
 pytestmark = pytest.mark.anyio
 TEXT = [box("text", 40, 100 + 30 * i, 300, 120 + 30 * i) for i in range(20)]
@@ -319,3 +321,72 @@ async def test_an_idle_layout_connection_is_let_go_by_the_gateway_before_the_ser
     assert len(ready.peers) == 3
     assert ready.peers[0] == ready.peers[1]
     assert ready.peers[2] != ready.peers[1]
+
+
+class PrefixedLayout:
+    """A fake layout service behind a path prefix (as a proxy would mount it): records each
+    page's path and client address; answers `/ready`, and each page with no boxes, or (`drop`)
+    with the head and a byte of its body before it fails and its server drops the connection."""
+
+    def __init__(self, *, drop: bool = False) -> None:
+        self.drop = drop
+        self.pages: list[tuple[str, tuple[str, int]]] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        await read_body(receive)
+        head = [(b"content-type", b"application/json")]
+        if scope["method"] == "GET":
+            await send({"type": "http.response.start", "status": 200, "headers": head})
+            await send({"type": "http.response.body", "body": b"{}"})
+            return
+        self.pages.append((scope["path"], tuple(scope["client"])))
+        body = orjson.dumps({"results": [{"width": 640, "height": 480, "boxes": []}]})
+        if self.drop:
+            head.append((b"content-length", str(len(body)).encode()))
+            await send({"type": "http.response.start", "status": 200, "headers": head})
+            await send({"type": "http.response.body", "body": body[:1], "more_body": True})
+            raise RuntimeError("the fake layout service fails mid-answer")
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": body})
+
+
+async def test_pages_reach_a_prefixed_service_on_one_kept_alive_connection() -> None:
+    """Pages posted one after another go to `{OCRVL_LAYOUT_URL}/v1/layout`, the URL's path kept
+    (a service mounted under /layout by a proxy), over one connection the gateway keeps alive
+    (the relay's own HTTP client, app/upstream.py), and come back as their boxes."""
+    fake = PrefixedLayout()
+    with ThreadedServer(fake, lifespan="off") as server:
+        settings = settings_for("http://127.0.0.1:1", layout_url=f"{server.url}/layout",
+                                keepalive_expiry=30, health_interval=3600)  # fmt: skip
+        async with AsyncExitStack() as stack:
+            service = await open_layouts(settings, stack)
+            assert service is not None
+            located = [
+                await service.locate("data:image/png;base64,", (640, 480), LayoutOptions(), "r")
+                for _ in range(3)
+            ]
+    assert [(page.boxes, page.size) for page in located] == [([], (640, 480))] * 3
+    assert [path for path, _ in fake.pages] == ["/layout/v1/layout"] * 3
+    assert len({peer for _, peer in fake.pages}) == 1
+
+
+async def test_a_service_that_drops_a_page_mid_answer_is_a_503_and_the_next_page_is_sent() -> None:
+    """The service sends the head and a byte of the body, then its connection drops: the page is
+    a 503 layout_unavailable naming the service (not a hang, not a 500), and the next page goes
+    out on a new connection."""
+    fake = PrefixedLayout(drop=True)
+    with ThreadedServer(fake, lifespan="off") as server:
+        settings = settings_for("http://127.0.0.1:1", layout_url=server.url, health_interval=3600)
+        async with AsyncExitStack() as stack:
+            service = await open_layouts(settings, stack)
+            assert service is not None
+            failures = []
+            for _ in range(2):
+                with pytest.raises(LayoutUnavailable) as caught:
+                    await service.locate("data:image/png;base64,", (640, 480), LayoutOptions(), "r")
+                failures.append(caught.value)
+    assert all(f"the layout service {server.url} failed" in str(f) for f in failures)
+    assert len(fake.pages) == 2
+    assert fake.pages[0][1] != fake.pages[1][1]
