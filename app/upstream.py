@@ -11,6 +11,9 @@ Failures raise httpx's own exception types, so the relay's failover reads them a
     RemoteProtocolError / ReadError the backend went away before or while answering
     WriteError                      the request could not be written
 
+An https:// backend is verified as httpx verifies it (certifi's CAs, the host's name): a
+certificate that does not verify is a ConnectError, as a refused connection is.
+
 The layout client's pages use it too (app/documents/layouts.py). Probes, metric scrapes and
 media fetches keep using httpx: they are not per page.
 """
@@ -18,6 +21,7 @@ media fetches keep using httpx: they are not per page.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -37,7 +41,7 @@ Body = bytes | tuple[bytes | memoryview, ...]
 class _Connection(asyncio.Protocol):
     """One keep-alive connection and the answer being read on it."""
 
-    def __init__(self, key: tuple[str, int], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, key: tuple[str, str, int], loop: asyncio.AbstractEventLoop) -> None:
         self.key = key
         # kept: on Python 3.11 each get_running_loop() is a getpid() system call, and the
         # loop is asked for a future per answer and per wait for a stream's next chunk
@@ -182,11 +186,18 @@ class UpstreamResponse:
 class Upstream:
     """Keep-alive connections to the backends, at most `max_connections` in use at once."""
 
-    def __init__(self, max_connections: int, keepalive_expiry: float, connect_timeout: float):
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+    def __init__(
+        self,
+        max_connections: int,
+        keepalive_expiry: float,
+        connect_timeout: float,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._slots = asyncio.Semaphore(max_connections)
         self._expiry = keepalive_expiry
         self._connect_timeout = connect_timeout
+        self._tls = tls  # https://'s; httpx's default (certifi) at the first such connection
 
     async def post(
         self, base_url: str, path: str, headers: dict[str, str], body: Body
@@ -197,9 +208,9 @@ class Upstream:
         (the keep-alive race); anything else raises as the module docstring says.
         """
         split = urlsplit(base_url)
-        if split.scheme != "http" or split.hostname is None:
-            raise httpx.UnsupportedProtocol(f"the relay speaks plain http; got {base_url}")
-        key = (split.hostname, split.port or 80)
+        if split.scheme not in ("http", "https") or split.hostname is None:
+            raise httpx.UnsupportedProtocol(f"the relay speaks http and https; got {base_url}")
+        key = (split.scheme, split.hostname, split.port or (443 if split.scheme == "https" else 80))
         pieces = (body,) if isinstance(body, bytes) else body
         head = _head(path, split.netloc, headers, sum(len(piece) for piece in pieces))
         await self._slots.acquire()
@@ -233,7 +244,7 @@ class Upstream:
             raise
         return UpstreamResponse(connection, self)
 
-    def _idle_connection(self, key: tuple[str, int]) -> _Connection | None:
+    def _idle_connection(self, key: tuple[str, str, int]) -> _Connection | None:
         idle = self._idle.get(key)
         now = time.monotonic()
         while idle:
@@ -245,12 +256,18 @@ class Upstream:
             connection.close()
         return None
 
-    async def _connect(self, key: tuple[str, int]) -> _Connection:
+    async def _connect(self, key: tuple[str, str, int]) -> _Connection:
         loop = asyncio.get_running_loop()
         connection = _Connection(key, loop)
+        scheme, host, port = key
+        tls = None
+        if scheme == "https":
+            tls = self._tls = self._tls or httpx.create_ssl_context(trust_env=False)
         try:
-            async with asyncio.timeout(self._connect_timeout):
-                transport, _ = await loop.create_connection(lambda: connection, *key)
+            async with asyncio.timeout(self._connect_timeout):  # the TLS handshake included
+                transport, _ = await loop.create_connection(
+                    lambda: connection, host, port, ssl=tls, server_hostname=host if tls else None
+                )
         except TimeoutError:
             raise httpx.ConnectTimeout(
                 f"no connection within {self._connect_timeout:g} s"

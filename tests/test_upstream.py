@@ -1,9 +1,12 @@
-"""The relay's HTTP/1.1 client: keep-alive reuse, streamed bodies, and failures as httpx types."""
+"""The relay's HTTP/1.1 client: keep-alive reuse, streamed bodies, failures as httpx types, TLS."""
 
 from __future__ import annotations
 
 import asyncio
+import ssl
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -229,3 +232,84 @@ async def test_a_cancelled_request_closes_its_connection(serve: Serve) -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     await asyncio.wait_for(closed.wait(), WAIT)
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key, made by the openssl command."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+async def tls_server(certificate: tuple[Path, Path], handler: Handler) -> asyncio.Server:
+    """A raw HTTP server on loopback speaking TLS with `certificate`."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*certificate)
+
+    async def closing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handler(reader, writer)
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(closing, "127.0.0.1", 0, ssl=context)
+
+
+async def test_an_https_backend_is_spoken_to_over_tls_on_one_kept_alive_connection(
+    certificate: tuple[Path, Path],
+) -> None:
+    """An https:// base URL: the request goes over TLS (the server reads it decrypted), its
+    certificate verified against the CA the client trusts, and the connection is kept alive."""
+    connections, bodies = 0, []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                bodies.append(await read_request(reader))
+            except (asyncio.IncompleteReadError, ConnectionResetError):
+                return
+            writer.write(OK)
+
+    server = await tls_server(certificate, handler)
+    port = server.sockets[0].getsockname()[1]
+    trusting = ssl.create_default_context(cafile=str(certificate[0]))
+    upstream = Upstream(10, 4.0, 1.0, tls=trusting)
+    try:
+        results = [await post(upstream, f"https://127.0.0.1:{port}") for _ in range(2)]
+    finally:
+        upstream.close()
+        server.close()
+    assert results == [(200, b"{}")] * 2
+    assert connections == 1
+    assert bodies[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+
+
+async def test_an_https_backend_whose_certificate_does_not_verify_is_a_connect_error(
+    certificate: tuple[Path, Path],
+) -> None:
+    """With httpx's own trust (certifi's CAs), a self-signed certificate fails the handshake: a
+    ConnectError that says so (the relay tries another backend), nothing sent in the clear."""
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.read(100))
+
+    server = await tls_server(certificate, handler)
+    port = server.sockets[0].getsockname()[1]
+    upstream = Upstream(10, 4.0, 1.0)
+    try:
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            await post(upstream, f"https://127.0.0.1:{port}")
+    finally:
+        upstream.close()
+        server.close()
+    assert all(b"POST" not in data for data in seen)

@@ -19,8 +19,7 @@ on this deployment (a 400 naming it, never a 5xx).
 
 A page's POST goes over the relay's own HTTP/1.1 client (app/upstream.py): 0.76x the gateway's
 CPU a layout-first page against httpx's (bench/results/README.md, `cpu-layout-client-2026-12-07`).
-Probes (one a service every OCRVL_HEALTH_INTERVAL) and an https:// service, which that client
-does not speak, use httpx.
+Probes (one a service every OCRVL_HEALTH_INTERVAL) use httpx.
 """
 
 from __future__ import annotations
@@ -196,14 +195,9 @@ class LayoutService:
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         """`POST {url}/v1/layout`, answered within `timeout` (TimeoutError): status and body."""
-        split = urlsplit(url)
-        if split.scheme != "http":
-            answer = await self._client.post(
-                f"{url}/v1/layout", content=body, headers=headers, timeout=self.timeout
-            )
-            return answer.status_code, answer.content
         async with asyncio.timeout(self.timeout):
-            response = await self._upstream.post(url, f"{split.path}/v1/layout", headers, body)
+            path = f"{urlsplit(url).path}/v1/layout"
+            response = await self._upstream.post(url, path, headers, body)
             try:
                 content = b"".join([chunk async for chunk in response.aiter_raw()])
             finally:
