@@ -17,7 +17,7 @@ from tests.support.waits import WAIT, until
 
 pytestmark = pytest.mark.anyio
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-Serve = Callable[[Handler], Awaitable[str]]
+Serve = Callable[..., Awaitable[str]]  # (handler, tls=None): the server's base URL
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 
 
@@ -32,21 +32,41 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(length)
 
 
+class KeepAnswering:
+    """A handler answering OK to each request until the client closes its connection: the
+    connections it was given, and every request it read."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.bodies: list[bytes] = []
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        while True:
+            try:
+                self.bodies.append(await read_request(reader))
+            except (asyncio.IncompleteReadError, ConnectionResetError):
+                return
+            writer.write(OK)
+
+
 @pytest.fixture
 async def serve() -> AsyncIterator[Serve]:
-    """Start a raw TCP server on loopback with the given connection handler; its base URL."""
+    """Start a raw TCP server on loopback with the given connection handler (over TLS with
+    `tls`, a server context); its base URL."""
     servers: list[asyncio.Server] = []
 
-    async def start(handler: Handler) -> str:
+    async def start(handler: Handler, tls: ssl.SSLContext | None = None) -> str:
         async def closing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 await handler(reader, writer)
             finally:
                 writer.close()
 
-        server = await asyncio.start_server(closing, "127.0.0.1", 0)
+        server = await asyncio.start_server(closing, "127.0.0.1", 0, ssl=tls)
         servers.append(server)
-        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        scheme = "https" if tls else "http"
+        return f"{scheme}://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
     yield start
     for server in servers:
@@ -64,25 +84,14 @@ async def post(upstream: Upstream, url: str, body: bytes = b"{}") -> tuple[int, 
 
 async def test_sequential_requests_share_one_keep_alive_connection(serve: Serve) -> None:
     """Three requests in a row travel on one connection, each body arriving whole."""
-    connections = 0
-    bodies: list[bytes] = []
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
-        while True:
-            try:
-                bodies.append(await read_request(reader))
-            except asyncio.IncompleteReadError:
-                return
-            writer.write(OK)
-
-    url = await serve(handler)
+    backend = KeepAnswering()
+    url = await serve(backend)
     upstream = Upstream(10, 4.0, 1.0)
     results = [await post(upstream, url, b'{"n": %d}' % i) for i in range(3)]
     upstream.close()
     assert results == [(200, b"{}")] * 3
-    assert connections == 1
+    assert backend.connections == 1
+    bodies = backend.bodies
     assert [b.rsplit(b"\r\n", 1)[1] for b in bodies] == [b'{"n": 0}', b'{"n": 1}', b'{"n": 2}']
     assert b"x-test: 1" in bodies[0]
 
@@ -248,53 +257,33 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return cert, key
 
 
-async def tls_server(certificate: tuple[Path, Path], handler: Handler) -> asyncio.Server:
-    """A raw HTTP server on loopback speaking TLS with `certificate`."""
+def server_context(certificate: tuple[Path, Path]) -> ssl.SSLContext:
+    """The TLS context of a server presenting `certificate`."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(*certificate)
-
-    async def closing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await handler(reader, writer)
-        finally:
-            writer.close()
-
-    return await asyncio.start_server(closing, "127.0.0.1", 0, ssl=context)
+    return context
 
 
 async def test_an_https_backend_is_spoken_to_over_tls_on_one_kept_alive_connection(
-    certificate: tuple[Path, Path],
+    serve: Serve, certificate: tuple[Path, Path]
 ) -> None:
     """An https:// base URL: the request goes over TLS (the server reads it decrypted), its
     certificate verified against the CA the client trusts, and the connection is kept alive."""
-    connections, bodies = 0, []
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
-        while True:
-            try:
-                bodies.append(await read_request(reader))
-            except (asyncio.IncompleteReadError, ConnectionResetError):
-                return
-            writer.write(OK)
-
-    server = await tls_server(certificate, handler)
-    port = server.sockets[0].getsockname()[1]
+    backend = KeepAnswering()
+    url = await serve(backend, server_context(certificate))
     trusting = ssl.create_default_context(cafile=str(certificate[0]))
     upstream = Upstream(10, 4.0, 1.0, tls=trusting)
     try:
-        results = [await post(upstream, f"https://127.0.0.1:{port}") for _ in range(2)]
+        results = [await post(upstream, url) for _ in range(2)]
     finally:
         upstream.close()
-        server.close()
     assert results == [(200, b"{}")] * 2
-    assert connections == 1
-    assert bodies[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    assert backend.connections == 1
+    assert backend.bodies[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
 
 
 async def test_an_https_backend_whose_certificate_does_not_verify_is_a_connect_error(
-    certificate: tuple[Path, Path],
+    serve: Serve, certificate: tuple[Path, Path]
 ) -> None:
     """With httpx's own trust (certifi's CAs), a self-signed certificate fails the handshake: a
     ConnectError that says so (the relay tries another backend), nothing sent in the clear."""
@@ -303,13 +292,11 @@ async def test_an_https_backend_whose_certificate_does_not_verify_is_a_connect_e
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         seen.append(await reader.read(100))
 
-    server = await tls_server(certificate, handler)
-    port = server.sockets[0].getsockname()[1]
+    url = await serve(handler, server_context(certificate))
     upstream = Upstream(10, 4.0, 1.0)
     try:
         with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-            await post(upstream, f"https://127.0.0.1:{port}")
+            await post(upstream, url)
     finally:
         upstream.close()
-        server.close()
     assert all(b"POST" not in data for data in seen)
