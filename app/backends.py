@@ -180,6 +180,8 @@ def describe(exc: httpx.HTTPError) -> str:
         httpx.ReadTimeout: "read timed out",
         httpx.RemoteProtocolError: "connection closed mid-answer",
     }
+    if isinstance(exc, httpx.ConnectError) and "[SSL" in str(exc):  # ssl's own [SSL: REASON]
+        return f"TLS handshake failed ({str(exc).strip()})"
     for kind, text in kinds.items():
         if isinstance(exc, kind):
             detail = str(exc).strip()

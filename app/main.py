@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import AsyncExitStack
 from typing import Any
@@ -37,7 +38,7 @@ from app.settings import Settings
 from app.state import Gateway, State
 from app.stopping import Stop
 from app.store import open_idempotency, open_results
-from app.upstream import Upstream
+from app.upstream import Upstream, trust
 from app.usage.meter import metering
 
 log = logging.getLogger("ocrvl.main")
@@ -57,9 +58,13 @@ def upstream_client(settings: Settings, transport: httpx.AsyncHTTPTransport) -> 
     )
 
 
-def upstream_transport(settings: Settings) -> httpx.AsyncHTTPTransport:
-    """Every backend connection the gateway holds, kept alive below vLLM's 5 s expiry."""
+def upstream_transport(
+    settings: Settings, tls: ssl.SSLContext | None = None
+) -> httpx.AsyncHTTPTransport:
+    """Every backend connection the gateway holds, kept alive below vLLM's 5 s expiry; an
+    https:// backend verified with `tls` (else httpx's own trust, certifi's)."""
     return httpx.AsyncHTTPTransport(
+        verify=tls or True,
         limits=httpx.Limits(
             max_connections=settings.max_connections,
             max_keepalive_connections=settings.max_connections,
@@ -132,8 +137,9 @@ def relay_for(
 ) -> Relay:
     """The relay to the backends, over its own HTTP/1.1 connections closed by `stack`."""
     upstream = Upstream(
-        settings.max_connections, settings.keepalive_expiry, settings.connect_timeout
-    )
+        settings.max_connections, settings.keepalive_expiry, settings.connect_timeout,
+        tls=trust(settings.upstream_ca_file),
+    )  # fmt: skip
     stack.callback(upstream.close)
     return Relay(
         upstream,
@@ -165,7 +171,7 @@ async def open_gateway(
     meter = await stack.enter_async_context(metering(settings, keyring, metrics))
     backend_key = settings.backend_api_key.get_secret_value() if settings.backend_api_key else None
     auth_header = {"authorization": f"Bearer {backend_key}"} if backend_key else {}
-    transport = upstream_transport(settings)
+    transport = upstream_transport(settings, trust(settings.upstream_ca_file))
     client = await stack.enter_async_context(upstream_client(settings, transport))
     pool = await backend_pool(settings, client, auth_header)
     scheduler = watched_scheduler(settings, metrics, pool, stack)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -149,6 +150,11 @@ class Settings(BaseSettings):
     )
     max_connections: int = Field(
         default=1024, gt=0, description="Upstream connection pool size (all backends)."
+    )
+    upstream_ca_file: Path | None = Field(
+        default=None,
+        description="PEM file of the CA certificates an https:// backend's or layout service's "
+        "certificate must verify against, in place of certifi's (a private CA).",
     )
     keepalive_expiry: float = Field(
         default=4.0,
@@ -410,6 +416,18 @@ class Settings(BaseSettings):
         value = _split_csv(value)
         if isinstance(value, list):
             return [BackendSpec.parse(v) if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("upstream_ca_file")
+    @classmethod
+    def _upstream_ca_file(cls, value: Path | None) -> Path | None:
+        try:  # loaded as app.upstream.trust loads it, so a bad file stops the start here
+            if value is not None:
+                ssl.create_default_context(cafile=str(value))
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"OCRVL_UPSTREAM_CA_FILE must be a PEM file of CA certificates; {value}: {exc}"
+            ) from None
         return value
 
     @field_validator("dns_server")

@@ -11,8 +11,9 @@ Failures raise httpx's own exception types, so the relay's failover reads them a
     RemoteProtocolError / ReadError the backend went away before or while answering
     WriteError                      the request could not be written
 
-An https:// backend is verified as httpx verifies it (certifi's CAs, the host's name): a
-certificate that does not verify is a ConnectError, as a refused connection is.
+An https:// backend is verified as httpx verifies it (certifi's CAs, or OCRVL_UPSTREAM_CA_FILE's
+in their place: `trust`; the host's name): a certificate that does not verify is a ConnectError,
+as a refused connection is.
 
 The layout client's pages use it too (app/documents/layouts.py). Probes, metric scrapes and
 media fetches keep using httpx: they are not per page.
@@ -25,6 +26,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -181,6 +183,14 @@ class UpstreamResponse:
         if not self._done:
             self._done = True
             self._pool.give_back(self._connection)
+
+
+def trust(ca_file: Path | None) -> ssl.SSLContext | None:
+    """The TLS context every https:// backend and layout service is verified with: the CA
+    certificates of `ca_file` (PEM; OCRVL_UPSTREAM_CA_FILE, a private CA) in place of certifi's,
+    or None for httpx's own (certifi's, made at the first https:// connection). Raises OSError
+    or ssl.SSLError when the file does not load."""
+    return ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
 
 
 class Upstream:

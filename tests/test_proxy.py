@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import httpx
 import orjson
@@ -12,6 +13,7 @@ from app.main import create_app
 from tests.conftest import BACKEND_KEY, CLIENT_KEY, settings_for
 from tests.support.fake_backend import SERVED, STREAM_CHUNKS, FakeVLLM, completion
 from tests.support.servers import ThreadedServer, free_port, lifespan_client
+from tests.support.tls import self_signed
 
 pytestmark = pytest.mark.anyio
 BODY = {"model": SERVED, "messages": [{"role": "user", "content": "OCR:"}]}
@@ -281,3 +283,45 @@ async def test_backend_refusing_the_gateways_key_is_a_502_not_a_401(
     error = response.json()["error"]
     assert error["code"] == "backend_auth_failed"
     assert "OCRVL_BACKEND_API_KEY" in error["message"]
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key: a private CA's server."""
+    return self_signed(tmp_path_factory.mktemp("tls"))
+
+
+async def test_an_https_backend_under_a_private_ca_is_served_with_its_ca_file(
+    certificate: tuple[Path, Path],
+) -> None:
+    """OCRVL_UPSTREAM_CA_FILE names the CA of an https:// backend's certificate: its probe finds
+    it ready and the page goes to it over TLS, answered as over plain http."""
+    cert, key = certificate
+    fake = FakeVLLM()
+    with ThreadedServer(fake, ssl_certfile=str(cert), ssl_keyfile=str(key)) as server:
+        url = server.url.replace("http://", "https://")
+        app = create_app(settings_for(url, upstream_ca_file=cert, health_interval=3600))
+        async with lifespan_client(app, headers=AUTH) as client:
+            response = await client.post("/v1/chat/completions", json=BODY)
+    assert response.status_code == 200
+    assert response.content == orjson.dumps(completion(SERVED))
+    assert len(fake.bodies) == 1
+
+
+async def test_an_https_backend_under_a_private_ca_is_not_served_without_its_ca_file(
+    certificate: tuple[Path, Path],
+) -> None:
+    """certifi's CAs alone do not verify a private CA's certificate: the backend is down (503
+    naming the failed verification) and no page reaches it."""
+    cert, key = certificate
+    fake = FakeVLLM()
+    with ThreadedServer(fake, ssl_certfile=str(cert), ssl_keyfile=str(key)) as server:
+        url = server.url.replace("http://", "https://")
+        app = create_app(settings_for(url, health_interval=3600))
+        async with lifespan_client(app, headers=AUTH) as client:
+            response = await client.post("/v1/chat/completions", json=BODY)
+    assert response.status_code == 503
+    message = response.json()["error"]["message"]
+    assert "TLS handshake failed" in message
+    assert "CERTIFICATE_VERIFY_FAILED" in message
+    assert fake.bodies == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -79,3 +80,19 @@ def test_redis_url_scheme_is_checked_without_echoing_it(monkeypatch: pytest.Monk
     assert "pa55word" not in caught.value.errors()[0]["msg"]
     monkeypatch.setenv("OCRVL_REDIS_URL", "redis://:pa55word@redis:6379/0")
     assert "pa55word" not in repr(Settings())
+
+
+@pytest.mark.parametrize("content", [None, b"not a certificate\n"])
+def test_an_upstream_ca_file_that_does_not_load_refuses_to_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, content: bytes | None
+) -> None:
+    """OCRVL_UPSTREAM_CA_FILE missing, or not PEM certificates: a start-up error naming the
+    setting and the file, not a handshake failing at the first https:// backend."""
+    ca_file = tmp_path / "ca.pem"
+    if content is not None:
+        ca_file.write_bytes(content)
+    monkeypatch.setenv("OCRVL_AUTH", "off")
+    monkeypatch.setenv("OCRVL_BACKENDS", "https://vllm:8118")
+    monkeypatch.setenv("OCRVL_UPSTREAM_CA_FILE", str(ca_file))
+    with pytest.raises(ValidationError, match=f"OCRVL_UPSTREAM_CA_FILE must be .*{ca_file}"):
+        Settings()

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from app.upstream import Upstream
+from app.upstream import Upstream, trust
 from tests.support.servers import free_port
+from tests.support.tls import self_signed, server_context
 from tests.support.waits import WAIT, until
 
 pytestmark = pytest.mark.anyio
@@ -245,23 +245,8 @@ async def test_a_cancelled_request_closes_its_connection(serve: Serve) -> None:
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 and its key, made by the openssl command."""
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
-
-
-def server_context(certificate: tuple[Path, Path]) -> ssl.SSLContext:
-    """The TLS context of a server presenting `certificate`."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(*certificate)
-    return context
+    """A self-signed certificate for 127.0.0.1 and its key."""
+    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 async def test_an_https_backend_is_spoken_to_over_tls_on_one_kept_alive_connection(
@@ -271,7 +256,7 @@ async def test_an_https_backend_is_spoken_to_over_tls_on_one_kept_alive_connecti
     certificate verified against the CA the client trusts, and the connection is kept alive."""
     backend = KeepAnswering()
     url = await serve(backend, server_context(certificate))
-    trusting = ssl.create_default_context(cafile=str(certificate[0]))
+    trusting = trust(certificate[0])
     upstream = Upstream(10, 4.0, 1.0, tls=trusting)
     try:
         results = [await post(upstream, url) for _ in range(2)]

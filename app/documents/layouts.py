@@ -44,7 +44,7 @@ from app.closing import cancelled
 from app.documents.blocks import Box
 from app.documents.layout_options import LayoutOptions
 from app.errors import InvalidRequest, LayoutUnavailable, UpstreamError, clip
-from app.upstream import Upstream
+from app.upstream import Upstream, trust
 
 if TYPE_CHECKING:
     from prometheus_client import Histogram
@@ -346,7 +346,9 @@ async def open_layouts(
     OCRVL_HEALTH_INTERVAL seconds until `stack` closes; `stages` times its pipeline's pages."""
     if not settings.layout_url:
         return None
+    tls = trust(settings.upstream_ca_file)
     client = httpx.AsyncClient(
+        verify=tls or True,
         timeout=httpx.Timeout(settings.layout_timeout, connect=settings.connect_timeout),
         # idle connections go after OCRVL_KEEPALIVE_EXPIRY (4 s), before the service's uvicorn
         # closes them (5 s by default, 75 s for ocrvl_layout): httpx's own 5 s raced uvicorn's,
@@ -358,7 +360,7 @@ async def open_layouts(
     )
     await stack.enter_async_context(client)
     upstream = Upstream(
-        settings.max_connections, settings.keepalive_expiry, settings.connect_timeout
+        settings.max_connections, settings.keepalive_expiry, settings.connect_timeout, tls=tls
     )
     stack.callback(upstream.close)
     service = LayoutService(

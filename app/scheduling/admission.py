@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from app.backends import Backend, BackendPool
+from app.backends import Backend, BackendPool, describe
 from app.engines import parse_metrics
 from app.errors import Overloaded
 from app.metrics import Metrics
@@ -312,7 +312,7 @@ class Scheduler:
         try:
             response = await client.get(f"{backend.url}/metrics", headers=headers, timeout=limit)
         except httpx.ConnectError as exc:
-            backend.mark_down(f"/metrics: connection refused or unreachable ({exc})")
+            backend.mark_down(f"/metrics: {describe(exc)}")
             return
         except httpx.HTTPError:
             backend.engine = None  # routing falls back to the gateway's in-flight count

@@ -32,6 +32,7 @@ from tests.support.documents import pdf
 from tests.support.layout_standin import LayoutStandin, box
 from tests.support.prometheus import metric
 from tests.support.servers import ThreadedServer, read_body, refused_url, serving
+from tests.support.tls import self_signed
 
 pytestmark = pytest.mark.anyio
 TEXT = [box("text", 40, 100 + 30 * i, 300, 120 + 30 * i) for i in range(20)]
@@ -390,3 +391,31 @@ async def test_a_service_that_drops_a_page_mid_answer_is_a_503_and_the_next_page
     assert all(f"the layout service {server.url} failed" in str(f) for f in failures)
     assert len(fake.pages) == 2
     assert fake.pages[0][1] != fake.pages[1][1]
+
+
+async def test_an_https_service_under_a_private_ca_is_probed_and_read_with_its_ca_file(
+    tmp_path: Path,
+) -> None:
+    """OCRVL_UPSTREAM_CA_FILE names the CA of an https:// layout service's certificate: its
+    probe (httpx) finds it ready and its pages (the relay's client) go to it over TLS; without
+    the file, certifi's CAs fail the certificate and the service is not ready."""
+    cert, key = self_signed(tmp_path)
+    fake = PrefixedLayout()
+    with ThreadedServer(fake, lifespan="off", ssl_certfile=str(cert), ssl_keyfile=str(key)) as tls:
+        url = tls.url.replace("http://", "https://")
+        settings = settings_for("http://127.0.0.1:1", layout_url=url, health_interval=3600,
+                                upstream_ca_file=cert)  # fmt: skip
+        async with AsyncExitStack() as stack:
+            service = await open_layouts(settings, stack)
+            assert service is not None
+            assert service.ready()
+            page = await service.locate("data:image/png;base64,", (640, 480), LayoutOptions(), "r")
+        untrusted = settings_for("http://127.0.0.1:1", layout_url=url, health_interval=3600)
+        async with AsyncExitStack() as stack:
+            refused = await open_layouts(untrusted, stack)
+            assert refused is not None
+            assert not refused.ready()
+            problems = str(refused.problems())
+            assert "TLS handshake failed ([SSL: CERTIFICATE_VERIFY_FAILED]" in problems
+    assert (page.boxes, page.size) == ([], (640, 480))
+    assert [path for path, _ in fake.pages] == ["/v1/layout"]
