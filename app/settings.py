@@ -418,12 +418,13 @@ class Settings(BaseSettings):
             return [BackendSpec.parse(v) if isinstance(v, str) else v for v in value]
         return value
 
-    @field_validator("upstream_ca_file")
+    @field_validator("upstream_ca_file", mode="before")
     @classmethod
-    def _upstream_ca_file(cls, value: Path | None) -> Path | None:
+    def _upstream_ca_file(cls, value: object) -> object:
+        if value is None or value == "":
+            return None  # empty, as compose passes an unset one on: certifi's CAs
         try:  # loaded as app.upstream.trust loads it, so a bad file stops the start here
-            if value is not None:
-                ssl.create_default_context(cafile=str(value))
+            ssl.create_default_context(cafile=str(value))
         except (OSError, ssl.SSLError) as exc:
             raise ValueError(
                 f"OCRVL_UPSTREAM_CA_FILE must be a PEM file of CA certificates; {value}: {exc}"

@@ -96,3 +96,12 @@ def test_an_upstream_ca_file_that_does_not_load_refuses_to_start(
     monkeypatch.setenv("OCRVL_UPSTREAM_CA_FILE", str(ca_file))
     with pytest.raises(ValidationError, match=f"OCRVL_UPSTREAM_CA_FILE must be .*{ca_file}"):
         Settings()
+
+
+def test_an_empty_upstream_ca_file_is_certifis_cas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OCRVL_UPSTREAM_CA_FILE set but empty (an .env line with no value) is unset, not the
+    current folder refused as a CA file."""
+    monkeypatch.setenv("OCRVL_AUTH", "off")
+    monkeypatch.setenv("OCRVL_BACKENDS", "https://vllm:8118")
+    monkeypatch.setenv("OCRVL_UPSTREAM_CA_FILE", "")
+    assert Settings().upstream_ca_file is None
