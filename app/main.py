@@ -134,12 +134,13 @@ def relay_for(
     stack: AsyncExitStack,
     *,
     metering: bool,
+    tls: ssl.SSLContext | None = None,
 ) -> Relay:
-    """The relay to the backends, over its own HTTP/1.1 connections closed by `stack`."""
+    """The relay to the backends, over its own HTTP/1.1 connections closed by `stack` (an
+    https:// backend verified with `tls`, else httpx's own trust)."""
     upstream = Upstream(
-        settings.max_connections, settings.keepalive_expiry, settings.connect_timeout,
-        tls=trust(settings.upstream_ca_file),
-    )  # fmt: skip
+        settings.max_connections, settings.keepalive_expiry, settings.connect_timeout, tls=tls
+    )
     stack.callback(upstream.close)
     return Relay(
         upstream,
@@ -171,7 +172,8 @@ async def open_gateway(
     meter = await stack.enter_async_context(metering(settings, keyring, metrics))
     backend_key = settings.backend_api_key.get_secret_value() if settings.backend_api_key else None
     auth_header = {"authorization": f"Bearer {backend_key}"} if backend_key else {}
-    transport = upstream_transport(settings, trust(settings.upstream_ca_file))
+    tls = trust(settings.upstream_ca_file)  # one context for the probes and the relay
+    transport = upstream_transport(settings, tls)
     client = await stack.enter_async_context(upstream_client(settings, transport))
     pool = await backend_pool(settings, client, auth_header)
     scheduler = watched_scheduler(settings, metrics, pool, stack)
@@ -180,7 +182,9 @@ async def open_gateway(
     background(stack, trim_when_idle(lambda since: scheduler.busy(since) or seen.busy(since)))
     every, timeout = settings.metrics_interval, settings.connect_timeout
     background(stack, scheduler.watch(client, auth_header, every, timeout))
-    relay = relay_for(settings, pool, scheduler, backend_key, stack, metering=meter is not None)
+    relay = relay_for(
+        settings, pool, scheduler, backend_key, stack, metering=meter is not None, tls=tls
+    )
     documents = Preprocessor(  # workers start on first use
         settings.preprocess_workers, settings.preprocess_held_bytes
     )

@@ -35,6 +35,7 @@ from tests.support.layout_service import start_layout_service
 from tests.support.media import ImageHost
 from tests.support.prometheus import metric
 from tests.support.servers import free_port, lifespan_client, serving
+from tests.support.tls import self_signed
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent  # the gateway's: `ocrvl`, the SDK, the tools
@@ -112,6 +113,12 @@ def settings_for(*backends: str, **overrides: Any) -> Settings:
         **overrides,
     }
     return Settings(**values)
+
+
+@pytest.fixture(scope="session")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key: a private CA's https:// server."""
+    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from app.main import create_app
 from tests.conftest import BACKEND_KEY, CLIENT_KEY, settings_for
 from tests.support.fake_backend import SERVED, STREAM_CHUNKS, FakeVLLM, completion
 from tests.support.servers import ThreadedServer, free_port, lifespan_client
-from tests.support.tls import self_signed
 
 pytestmark = pytest.mark.anyio
 BODY = {"model": SERVED, "messages": [{"role": "user", "content": "OCR:"}]}
@@ -283,12 +282,6 @@ async def test_backend_refusing_the_gateways_key_is_a_502_not_a_401(
     error = response.json()["error"]
     assert error["code"] == "backend_auth_failed"
     assert "OCRVL_BACKEND_API_KEY" in error["message"]
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 and its key: a private CA's server."""
-    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 async def test_an_https_backend_under_a_private_ca_is_served_with_its_ca_file(

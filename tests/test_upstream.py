@@ -12,7 +12,7 @@ import pytest
 
 from app.upstream import Upstream, trust
 from tests.support.servers import free_port
-from tests.support.tls import self_signed, server_context
+from tests.support.tls import server_context
 from tests.support.waits import WAIT, until
 
 pytestmark = pytest.mark.anyio
@@ -241,12 +241,6 @@ async def test_a_cancelled_request_closes_its_connection(serve: Serve) -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     await asyncio.wait_for(closed.wait(), WAIT)
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 and its key."""
-    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 async def test_an_https_backend_is_spoken_to_over_tls_on_one_kept_alive_connection(

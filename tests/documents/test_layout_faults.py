@@ -32,7 +32,6 @@ from tests.support.documents import pdf
 from tests.support.layout_standin import LayoutStandin, box
 from tests.support.prometheus import metric
 from tests.support.servers import ThreadedServer, read_body, refused_url, serving
-from tests.support.tls import self_signed
 
 pytestmark = pytest.mark.anyio
 TEXT = [box("text", 40, 100 + 30 * i, 300, 120 + 30 * i) for i in range(20)]
@@ -394,12 +393,12 @@ async def test_a_service_that_drops_a_page_mid_answer_is_a_503_and_the_next_page
 
 
 async def test_an_https_service_under_a_private_ca_is_probed_and_read_with_its_ca_file(
-    tmp_path: Path,
+    certificate: tuple[Path, Path],
 ) -> None:
     """OCRVL_UPSTREAM_CA_FILE names the CA of an https:// layout service's certificate: its
     probe (httpx) finds it ready and its pages (the relay's client) go to it over TLS; without
     the file, certifi's CAs fail the certificate and the service is not ready."""
-    cert, key = self_signed(tmp_path)
+    cert, key = certificate
     fake = PrefixedLayout()
     with ThreadedServer(fake, lifespan="off", ssl_certfile=str(cert), ssl_keyfile=str(key)) as tls:
         url = tls.url.replace("http://", "https://")
